@@ -1,0 +1,38 @@
+# The two commands of the README: `make demo` (the main job) and `make test` (the suite).
+# Both create .venv on first use and install the project into it.
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test lint sysdeps venv clean bench
+
+$(STAMP): pyproject.toml setup.cfg
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+# System packages the tests need: the OpenSSH server (the SSH tests start their own sshd).
+sysdeps:
+	@if [ ! -x /usr/sbin/sshd ] || ! command -v ssh-keygen >/dev/null; then \
+		echo "installing openssh-server and openssh-client"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+			openssh-server openssh-client >/dev/null; \
+	fi
+
+demo: $(STAMP)
+	$(PY) -m ringflow.train.demo
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check provider tests benchmarks dags
+
+test: sysdeps $(STAMP)
+	$(VENV)/bin/ruff check provider tests benchmarks dags
+	$(PY) -m pytest
+
+clean:
+	rm -rf $(VENV) build *.egg-info provider/*.egg-info .pytest_cache

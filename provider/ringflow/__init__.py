@@ -1,0 +1,56 @@
+"""ringflow: a PaddlePaddle-style static-graph runtime on numpy, with tensor parallelism,
+a ring all-reduce over shared memory and TCP, and a launcher.
+
+Numpy only, never Airflow: this package is shipped to training hosts. Names are imported
+lazily (PEP 562) so ``import ringflow`` in a worker costs little and each piece loads when
+first used.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+# public name -> (module, attribute or None for the module itself)
+_EXPORTS: dict[str, tuple[str, str | None]] = {
+    "Program": ("ringflow.framework.program", "Program"),
+    "program_guard": ("ringflow.framework.program", "program_guard"),
+    "default_main_program": ("ringflow.framework.program", "default_main_program"),
+    "default_startup_program": ("ringflow.framework.program", "default_startup_program"),
+    "data": ("ringflow.framework.layer_helper", "data"),
+    "ParamAttr": ("ringflow.framework.layer_helper", "ParamAttr"),
+    "initializer": ("ringflow.initializer", None),
+    "nn": ("ringflow.nn", None),
+    "optimizer": ("ringflow.optimizer", None),
+    "ClipGradByGlobalNorm": ("ringflow.optimizer.clip", "ClipGradByGlobalNorm"),
+    "append_backward": ("ringflow.backward", "append_backward"),
+    "gradients": ("ringflow.backward", "gradients"),
+    "Executor": ("ringflow.executor", "Executor"),
+    "Scope": ("ringflow.executor", "Scope"),
+    "global_scope": ("ringflow.executor", "global_scope"),
+    "verify": ("ringflow.framework.verify", "verify"),
+    "save": ("ringflow.io", "save"),
+    "load": ("ringflow.io", "load"),
+    "distributed": ("ringflow.distributed", None),
+    "errors": ("ringflow.errors", None),
+    "framework": ("ringflow.framework", None),
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    try:
+        module, attr = _EXPORTS[name]
+    except KeyError:
+        raise AttributeError(f"module 'ringflow' has no attribute {name!r}") from None
+    mod = importlib.import_module(module)
+    value = mod if attr is None else getattr(mod, attr)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

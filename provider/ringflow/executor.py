@@ -1,0 +1,240 @@
+"""The numpy executor: the reference semantics of every program.
+
+``Executor.run`` is a short loop: for each op, look its kernel up in the op table, let it
+read its inputs from the scope and write its outputs back. Everything else here is
+checking (feeds, NaN/inf) and the small context kernels see.
+"""
+
+from __future__ import annotations
+
+import os
+import zlib
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+import numpy as np
+
+from .errors import ExecutionError, RingflowError
+from .framework.printer import op_to_string
+from .framework.program import Operator, Program, Variable, default_main_program
+from .framework.registry import EMPTY_VAR_NAME, get_op_def
+
+
+class Scope:
+    """Variable name -> ndarray. ``scope[name]`` reads, ``scope[name] = value`` sets."""
+
+    def __init__(self) -> None:
+        self._vars: dict[str, np.ndarray] = {}
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        try:
+            return self._vars[name]
+        except KeyError:
+            raise KeyError(f"variable {name!r} is not in the scope") from None
+
+    def __setitem__(self, name: str, value: Any) -> None:
+        self._vars[name] = np.asarray(value)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._vars
+
+    def __delitem__(self, name: str) -> None:
+        del self._vars[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._vars)
+
+    def __len__(self) -> int:
+        return len(self._vars)
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return self._vars.get(name, default)
+
+    def keys(self) -> list[str]:
+        return list(self._vars)
+
+    def find_var(self, name: str) -> np.ndarray | None:
+        return self._vars.get(name)
+
+    def drop(self, names: Iterable[str]) -> None:
+        for n in names:
+            self._vars.pop(n, None)
+
+
+_global_scope = Scope()
+
+
+def global_scope() -> Scope:
+    return _global_scope
+
+
+class KernelContext:
+    """What a kernel sees: its op's inputs (arrays from the scope), attrs, outputs."""
+
+    __slots__ = ("executor", "index", "op", "scope")
+
+    def __init__(self, executor: Executor, op: Operator, index: int, scope: Scope) -> None:
+        self.executor = executor
+        self.op = op
+        self.index = index
+        self.scope = scope
+
+    def _get(self, name: str) -> np.ndarray:
+        try:
+            return self.scope._vars[name]
+        except KeyError:
+            var = self.op.block._find_var_recursive(name)
+            if var is not None and var.is_data:
+                hint = f"data variable {name!r} is not fed: pass feed={{{name!r}: array}}"
+            elif var is not None and var.persistable:
+                hint = f"persistable variable {name!r} has no value: run the startup program"
+            else:
+                hint = f"input variable {name!r} has no value: nothing earlier produced it"
+            raise ExecutionError(f"op {self.index} ({self.op.type}): {hint}") from None
+
+    def input(self, slot: str, i: int = 0) -> np.ndarray:
+        return self._get(self.op.inputs[slot][i])
+
+    def inputs(self, slot: str) -> list[np.ndarray]:
+        return [self._get(n) for n in self.op.inputs.get(slot, ())]
+
+    def has_input(self, slot: str) -> bool:
+        return bool(self.op.inputs.get(slot))
+
+    def has_output(self, slot: str, i: int = 0) -> bool:
+        names = self.op.outputs.get(slot, ())
+        return i < len(names) and names[i] != EMPTY_VAR_NAME
+
+    def attr(self, name: str) -> Any:
+        return self.op.attrs.get(name)
+
+    def set_output(self, slot: str, value: Any, i: int = 0) -> None:
+        names = self.op.outputs.get(slot, ())
+        if i < len(names) and names[i] != EMPTY_VAR_NAME:
+            self.scope._vars[names[i]] = np.asarray(value)
+
+    def set_outputs(self, slot: str, values: Iterable[Any]) -> None:
+        for i, v in enumerate(values):
+            self.set_output(slot, v, i)
+
+    def buffer(self, slot: str, shape: tuple[int, ...], dtype: Any, i: int = 0) -> np.ndarray:
+        """An output array to write into: last run's value of this output if it has the
+        same shape and dtype (no new allocation, no page faults), else a fresh one.
+
+        The kernel must write every element and then ``set_output`` it."""
+        name = self.op.outputs[slot][i]
+        old = self.scope._vars.get(name)
+        if (old is not None and old.shape == tuple(shape) and old.dtype == dtype
+                and name in self.executor._owned and old.flags.writeable
+                and old.flags.c_contiguous and old.base is None):
+            return old
+        self.executor._owned.add(name)
+        return np.empty(shape, dtype)
+
+    def rng(self) -> np.random.Generator:
+        """A generator for random ops: a pure function of the program's seed, the op's
+        ``seed`` attr (or its index) and how many times this program has run."""
+        program = self.op.block.program
+        seed = self.op.attrs.get("seed") or 0
+        step = self.executor._run_counts.get(id(program), 0)
+        key = [program.random_seed, seed, self.index, step]
+        return np.random.default_rng([int(k) & 0xFFFFFFFF for k in key])
+
+
+def stable_seed(*parts: Any) -> int:
+    """A 32-bit seed from strings and ints that is the same in every process and run."""
+    return zlib.crc32("/".join(map(str, parts)).encode()) & 0x7FFFFFFF
+
+
+def _check_finite(ctx: KernelContext) -> None:
+    for slot, names in ctx.op.outputs.items():
+        for n in names:
+            v = ctx.scope._vars.get(n)
+            if v is not None and v.dtype.kind == "f" and not np.all(np.isfinite(v)):
+                bad = "NaN" if np.isnan(v).any() else "inf"
+                raise ExecutionError(
+                    f"op {ctx.index} ({ctx.op.type}) produced {bad} in output {slot}={n!r} "
+                    f"(RINGFLOW_CHECK_NAN=1): {op_to_string(ctx.op)}")
+
+
+class Executor:
+    """Runs programs on numpy. ``place`` is accepted for Paddle compatibility (CPU only)."""
+
+    def __init__(self, place: Any = None) -> None:
+        self.place = place
+        self._owned: set[str] = set()
+        self._run_counts: dict[int, int] = {}
+
+    def run(
+        self,
+        program: Program | None = None,
+        feed: Mapping[str, Any] | None = None,
+        fetch_list: Iterable[Variable | str] | None = None,
+        scope: Scope | None = None,
+        return_numpy: bool = True,
+    ) -> list[Any]:
+        program = program if program is not None else default_main_program()
+        scope = scope if scope is not None else global_scope()
+        block = program.global_block()
+        fetch_names = [f.name if isinstance(f, Variable) else str(f) for f in fetch_list or ()]
+        for name in fetch_names:
+            if block._find_var_recursive(name) is None:
+                raise ExecutionError(f"fetch target {name!r} is not a variable of the program")
+        self._feed(block, feed or {}, scope)
+        self._apply_lr_scheduler(program, scope)
+        check_nan = os.environ.get("RINGFLOW_CHECK_NAN") == "1"
+        for i, op in enumerate(block.ops):
+            ctx = KernelContext(self, op, i, scope)
+            kernel = get_op_def(op.type).kernel
+            try:
+                kernel(ctx)
+            except RingflowError:
+                raise
+            except Exception as exc:
+                raise ExecutionError(
+                    f"op {i} ({op.type}) failed: {type(exc).__name__}: {exc}\n"
+                    f"  {op_to_string(op)}") from exc
+            if check_nan:
+                _check_finite(ctx)
+        self._run_counts[id(program)] = self._run_counts.get(id(program), 0) + 1
+        if program.lr_scheduler is not None and not program._is_test:
+            program.lr_scheduler.step()
+        out = []
+        for name in fetch_names:
+            if name not in scope:
+                raise ExecutionError(f"fetch target {name!r} was not computed by the program")
+            out.append(np.array(scope[name], copy=True))
+        return out
+
+    @staticmethod
+    def _feed(block, feed: Mapping[str, Any], scope: Scope) -> None:
+        for name, value in feed.items():
+            var = block._find_var_recursive(name)
+            if var is None:
+                raise ExecutionError(f"feed {name!r} is not a variable of the program")
+            arr = np.asarray(value)
+            if arr.dtype.name != var.dtype:
+                if arr.dtype.kind == "O" or not np.can_cast(arr.dtype, var.dtype, "same_kind") \
+                        or isinstance(value, np.ndarray):
+                    raise ExecutionError(
+                        f"feed {name!r}: expected dtype {var.dtype}, got {arr.dtype.name}")
+                arr = arr.astype(var.dtype)
+            if var.shape is not None and (
+                    arr.ndim != len(var.shape)
+                    or any(d != -1 and d != s for d, s in zip(var.shape, arr.shape))):
+                raise ExecutionError(
+                    f"feed {name!r}: expected shape {list(var.shape)} (-1 = any), "
+                    f"got {list(arr.shape)}")
+            scope[name] = arr
+
+    @staticmethod
+    def _apply_lr_scheduler(program: Program, scope: Scope) -> None:
+        sched = program.lr_scheduler
+        if sched is not None:
+            name = getattr(sched, "var_name", None)
+            if name is not None:
+                dtype = program.global_block().var(name).dtype
+                scope[name] = np.array([sched.get_lr()], dtype=dtype)
+
+    def close(self) -> None:
+        self._owned.clear()

@@ -1,0 +1,414 @@
+"""The static program IR: Program -> Block -> (Variable, Operator), as PaddlePaddle's.
+
+Records are plain data; only ``Block`` mutates its op list. An op is checked against the
+op table (``registry``) when it is built: unknown type, unknown slot or missing input fail
+right there; ``verify`` explains whole programs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import itertools
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from ..errors import ProgramError
+from .registry import EMPTY_VAR_NAME, ShapeContext, convert_dtype, get_op_def
+from .roles import OP_ROLE_KEY, OP_ROLE_VAR_KEY, OpRole
+
+
+class Variable:
+    """A named tensor slot of a block: shape (-1 for batch), dtype, flags."""
+
+    def __init__(
+        self,
+        block: Block,
+        name: str,
+        shape: Iterable[int] | None = None,
+        dtype: Any = "float32",
+        persistable: bool = False,
+        stop_gradient: bool = False,
+        is_data: bool = False,
+    ) -> None:
+        self.block = block
+        self.name = name
+        self.shape = tuple(int(d) for d in shape) if shape is not None else None
+        self.dtype = convert_dtype(dtype)
+        self.persistable = persistable
+        self.stop_gradient = stop_gradient
+        self.is_data = is_data
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape or ())
+
+    def __repr__(self) -> str:
+        flags = "".join(
+            f", {f}" for f in ("persistable", "stop_gradient", "is_data") if getattr(self, f)
+        )
+        return f"var {self.name} : {self.dtype}{list(self.shape or [])}{flags}"
+
+
+class Parameter(Variable):
+    """A persistable, trainable variable initialised by the startup program."""
+
+    def __init__(
+        self,
+        block: Block,
+        name: str,
+        shape: Iterable[int],
+        dtype: Any = "float32",
+        trainable: bool = True,
+        initializer: Any = None,
+        is_distributed: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(block, name, shape, dtype, persistable=True,
+                         stop_gradient=not trainable, **kwargs)
+        self.trainable = trainable
+        self.initializer = initializer
+        self.is_distributed = is_distributed
+        # Which axis a tensor-parallel shard was cut along (None: not split).
+        self.split_axis: int | None = None
+        # Per-parameter learning-rate multiplier, as Paddle's ParamAttr.learning_rate.
+        self.optimize_attr = {"learning_rate": 1.0}
+
+    def __repr__(self) -> str:
+        extra = ", distributed" if self.is_distributed else ""
+        extra += "" if self.trainable else ", frozen"
+        return f"param {self.name} : {self.dtype}{list(self.shape)}{extra}"
+
+
+def _names(args: Any) -> list[str]:
+    if args is None:
+        return []
+    if isinstance(args, (Variable, str)):
+        args = [args]
+    return [a.name if isinstance(a, Variable) else str(a) for a in args]
+
+
+class Operator:
+    """One op: type, input and output slots (slot -> list of var names), attrs."""
+
+    def __init__(
+        self,
+        block: Block,
+        type: str,
+        inputs: dict[str, list[str]],
+        outputs: dict[str, list[str]],
+        attrs: dict[str, Any],
+    ) -> None:
+        self.block = block
+        self.type = type
+        self.inputs = inputs
+        self.outputs = outputs
+        self.attrs = attrs
+
+    # Paddle's accessors -------------------------------------------------------------------
+    def attr(self, name: str) -> Any:
+        return self.attrs.get(name)
+
+    def has_attr(self, name: str) -> bool:
+        return name in self.attrs
+
+    def _set_attr(self, name: str, value: Any) -> None:
+        self.attrs[name] = value
+
+    @property
+    def attr_names(self) -> list[str]:
+        return list(self.attrs)
+
+    def input(self, slot: str) -> list[str]:
+        return list(self.inputs.get(slot, []))
+
+    def output(self, slot: str) -> list[str]:
+        return list(self.outputs.get(slot, []))
+
+    @property
+    def input_names(self) -> list[str]:
+        return list(self.inputs)
+
+    @property
+    def output_names(self) -> list[str]:
+        return list(self.outputs)
+
+    @property
+    def input_arg_names(self) -> list[str]:
+        return [n for names in self.inputs.values() for n in names]
+
+    @property
+    def output_arg_names(self) -> list[str]:
+        return [n for names in self.outputs.values() for n in names if n != EMPTY_VAR_NAME]
+
+    def __repr__(self) -> str:
+        from .printer import op_to_string
+
+        return op_to_string(self)
+
+
+class Block:
+    def __init__(self, program: Program, idx: int, parent_idx: int = -1) -> None:
+        self.program = program
+        self.idx = idx
+        self.parent_idx = parent_idx
+        self.vars: dict[str, Variable] = {}
+        self.ops: list[Operator] = []
+
+    # variables -----------------------------------------------------------------------------
+    def var(self, name: str) -> Variable:
+        v = self._find_var_recursive(name)
+        if v is None:
+            raise ProgramError(f"variable {name!r} is not in block {self.idx}")
+        return v
+
+    def has_var(self, name: str) -> bool:
+        return name in self.vars
+
+    def _find_var_recursive(self, name: str) -> Variable | None:
+        block: Block | None = self
+        while block is not None:
+            if name in block.vars:
+                return block.vars[name]
+            block = block.parent
+        return None
+
+    @property
+    def parent(self) -> Block | None:
+        return self.program.blocks[self.parent_idx] if self.parent_idx >= 0 else None
+
+    def create_var(self, name: str | None = None, **kwargs: Any) -> Variable:
+        name = name or self.program.unique_name("tmp")
+        if name in self.vars:
+            existing = self.vars[name]
+            return existing
+        v = Variable(self, name, **kwargs)
+        self.vars[name] = v
+        return v
+
+    def create_parameter(self, name: str, shape: Iterable[int], dtype: Any = "float32",
+                         **kwargs: Any) -> Parameter:
+        if name in self.vars and not isinstance(self.vars[name], Parameter):
+            raise ProgramError(f"cannot create parameter {name!r}: a variable of that name exists")
+        p = Parameter(self, name, shape, dtype, **kwargs)
+        self.vars[name] = p
+        return p
+
+    def _remove_var(self, name: str) -> None:
+        self.vars.pop(name, None)
+
+    def iter_parameters(self) -> Iterator[Parameter]:
+        return (v for v in self.vars.values() if isinstance(v, Parameter))
+
+    def all_parameters(self) -> list[Parameter]:
+        return list(self.iter_parameters())
+
+    # ops -----------------------------------------------------------------------------------
+    def append_op(self, type: str, inputs: dict | None = None, outputs: dict | None = None,
+                  attrs: dict | None = None) -> Operator:
+        op = self._make_op(type, inputs, outputs, attrs)
+        self.ops.append(op)
+        self.program._bump()
+        return op
+
+    def _insert_op(self, index: int, type: str, inputs: dict | None = None,
+                   outputs: dict | None = None, attrs: dict | None = None) -> Operator:
+        op = self._make_op(type, inputs, outputs, attrs)
+        self.ops.insert(index, op)
+        self.program._bump()
+        return op
+
+    def _prepend_op(self, type: str, inputs: dict | None = None, outputs: dict | None = None,
+                    attrs: dict | None = None) -> Operator:
+        return self._insert_op(0, type, inputs, outputs, attrs)
+
+    def _remove_op(self, index: int) -> None:
+        del self.ops[index]
+        self.program._bump()
+
+    def _make_op(self, type: str, inputs: dict | None, outputs: dict | None,
+                 attrs: dict | None) -> Operator:
+        opdef = get_op_def(type)
+        ins = {slot: _names(v) for slot, v in (inputs or {}).items()}
+        outs = {slot: _names(v) for slot, v in (outputs or {}).items()}
+        where = f"building op {type!r} (would be op {len(self.ops)} of block {self.idx})"
+        for kind, given, slots in (("input", ins, opdef.inputs), ("output", outs, opdef.outputs)):
+            known = {s.name: s for s in slots}
+            for slot, names in given.items():
+                if slot not in known:
+                    raise ProgramError(
+                        f"{where}: unknown {kind} slot {slot!r}; {type} has {kind}s "
+                        f"{sorted(known)}")
+                if len(names) > 1 and not known[slot].duplicable:
+                    raise ProgramError(f"{where}: {kind} slot {slot!r} takes one variable, "
+                                       f"got {len(names)}: {names}")
+            for s in slots:
+                if not s.optional and not given.get(s.name):
+                    raise ProgramError(f"{where}: required {kind} slot {s.name!r} is missing")
+        for names in ins.values():
+            for n in names:
+                if n != EMPTY_VAR_NAME and self._find_var_recursive(n) is None:
+                    raise ProgramError(f"{where}: input variable {n!r} is not defined")
+        full_attrs = dict(opdef.attrs)
+        full_attrs.update(attrs or {})
+        full_attrs.setdefault(OP_ROLE_KEY, int(self.program._current_role))
+        if self.program._current_role_var and OP_ROLE_VAR_KEY not in (attrs or {}):
+            full_attrs[OP_ROLE_VAR_KEY] = list(self.program._current_role_var)
+        op = Operator(self, type, ins, outs, full_attrs)
+        self._infer_output_vars(op, opdef)
+        return op
+
+    def _infer_output_vars(self, op: Operator, opdef) -> None:
+        """Create missing output vars and fill in shapes that are still unknown."""
+        for names in op.outputs.values():
+            for n in names:
+                if n != EMPTY_VAR_NAME and self._find_var_recursive(n) is None:
+                    self.create_var(n)
+        if opdef.infer_shape is None:
+            return
+        ctx = ShapeContext(op, self)
+        opdef.infer_shape(ctx)
+        for slot, metas in ctx.results.items():
+            for name, meta in zip(op.outputs.get(slot, []), metas):
+                v = self._find_var_recursive(name) if name != EMPTY_VAR_NAME else None
+                if v is not None and meta is not None and v.shape is None:
+                    v.shape, v.dtype = meta
+
+
+class Program:
+    """A static program: block 0 is the global block. ``random_seed`` seeds initializers
+    and random ops, so two builds with the same seed give bitwise-identical values."""
+
+    def __init__(self) -> None:
+        self.blocks: list[Block] = [Block(self, 0)]
+        self.random_seed = 0
+        self.lr_scheduler = None  # set by an optimizer whose learning rate is a scheduler
+        self._version = 0
+        self._name_counter = itertools.count()
+        self._current_role = OpRole.Forward
+        self._current_role_var: list[str] = []
+        self._is_test = False
+
+    def global_block(self) -> Block:
+        return self.blocks[0]
+
+    def current_block(self) -> Block:
+        return self.blocks[-1]
+
+    def block(self, idx: int) -> Block:
+        return self.blocks[idx]
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.blocks)
+
+    def all_parameters(self) -> list[Parameter]:
+        return [p for b in self.blocks for p in b.iter_parameters()]
+
+    def list_vars(self) -> Iterator[Variable]:
+        for b in self.blocks:
+            yield from b.vars.values()
+
+    def unique_name(self, prefix: str) -> str:
+        taken = self.global_block().vars
+        while True:
+            name = f"{prefix}_{next(self._name_counter)}"
+            if name not in taken:
+                return name
+
+    def _bump(self) -> None:
+        self._version += 1
+
+    @contextlib.contextmanager
+    def _role_guard(self, role: int, role_var: Iterable[str] = ()) -> Iterator[None]:
+        """Ops appended inside get ``op_role`` = role (and ``op_role_var`` if given)."""
+        saved = self._current_role, self._current_role_var
+        self._current_role, self._current_role_var = role, list(role_var)
+        try:
+            yield
+        finally:
+            self._current_role, self._current_role_var = saved
+
+    def _backward_role_guard(self):
+        return self._role_guard(OpRole.Backward)
+
+    def _optimized_guard(self, param_and_grad: Iterable[Any] = ()):
+        return self._role_guard(OpRole.Optimize, _names(list(param_and_grad)))
+
+    def _lr_schedule_guard(self):
+        return self._role_guard(OpRole.LRSched)
+
+    def clone(self, for_test: bool = False) -> Program:
+        """A deep copy. ``for_test`` drops backward and optimize ops and marks ops is_test
+        (dropout becomes the identity), as Paddle's ``clone(for_test=True)``."""
+        p = Program.__new__(Program)
+        memo = {id(self): p}
+        p.__dict__.update({k: copy.deepcopy(v, memo) for k, v in self.__dict__.items()
+                           if k not in ("blocks", "lr_scheduler", "_name_counter")})
+        p.lr_scheduler = self.lr_scheduler
+        start = next(self._name_counter)
+        p._name_counter = itertools.count(start)
+        self._name_counter = itertools.count(start)
+        p.blocks = []
+        for b in self.blocks:
+            nb = Block(p, b.idx, b.parent_idx)
+            for name, v in b.vars.items():
+                nv = copy.copy(v)
+                nv.block = nb
+                nb.vars[name] = nv
+            for op in b.ops:
+                if for_test and int(op.attr(OP_ROLE_KEY) or 0) & (
+                        OpRole.Backward | OpRole.Optimize | OpRole.LRSched):
+                    continue
+                nop = Operator(nb, op.type, copy.deepcopy(op.inputs), copy.deepcopy(op.outputs),
+                               copy.deepcopy(op.attrs))
+                if for_test and "is_test" in get_op_def(op.type).attrs:
+                    nop.attrs["is_test"] = True
+                nb.ops.append(nop)
+            p.blocks.append(nb)
+        p._is_test = for_test
+        p._version = 0
+        return p
+
+    def __str__(self) -> str:
+        from .printer import program_to_string
+
+        return program_to_string(self)
+
+    def to_string(self, throw_on_error: bool = False, with_details: bool = False) -> str:
+        return str(self)
+
+
+# default programs and the guard -------------------------------------------------------------
+_main_program = Program()
+_startup_program = Program()
+
+
+def default_main_program() -> Program:
+    return _main_program
+
+
+def default_startup_program() -> Program:
+    return _startup_program
+
+
+@contextlib.contextmanager
+def program_guard(main_program: Program, startup_program: Program | None = None):
+    """Inside, layers append to ``main_program`` and initializers to ``startup_program``."""
+    global _main_program, _startup_program
+    if not isinstance(main_program, Program):
+        raise ProgramError(f"program_guard expects a Program, got {type(main_program).__name__}")
+    saved = _main_program, _startup_program
+    _main_program = main_program
+    if startup_program is not None:
+        _startup_program = startup_program
+    try:
+        yield
+    finally:
+        _main_program, _startup_program = saved
+
+
+def switch_main_program(program: Program) -> Program:
+    global _main_program
+    prev, _main_program = _main_program, program
+    return prev
