@@ -229,12 +229,14 @@ class Executor:
 
     @staticmethod
     def _apply_lr_scheduler(program: Program, scope: Scope) -> None:
+        # A scheduler attached by an optimizer: its current value goes into the learning
+        # rate variable before the run; ``run`` steps it after (Paddle users step it by hand).
         sched = program.lr_scheduler
         if sched is not None:
             name = getattr(sched, "var_name", None)
             if name is not None:
                 dtype = program.global_block().var(name).dtype
-                scope[name] = np.array([sched.get_lr()], dtype=dtype)
+                scope[name] = np.array([sched()], dtype=dtype)
 
     def close(self) -> None:
         self._owned.clear()
