@@ -14,10 +14,10 @@ from typing import Any
 
 import numpy as np
 
-from .errors import ExecutionError, RingflowError
+from .errors import ExecutionError, ProgramError, RingflowError
 from .framework.printer import op_to_string
 from .framework.program import Operator, Program, Variable, default_main_program
-from .framework.registry import EMPTY_VAR_NAME, get_op_def
+from .framework.registry import EMPTY_VAR_NAME, get_op_def, has_op_def
 
 
 class Scope:
@@ -132,13 +132,16 @@ class KernelContext:
         return np.empty(shape, dtype)
 
     def rng(self) -> np.random.Generator:
-        """A generator for random ops: a pure function of the program's seed, the op's
-        ``seed`` attr (or its index) and how many times this program has run."""
+        """A generator for random ops (dropout): a pure function of the program's seed, the
+        op's ``seed`` attr and how many times this program has run. An op without a seed
+        attr falls back to its index, which a rewrite that inserts ops changes: layers
+        therefore give random ops a seed (``stable_seed`` of the program seed and a name)."""
         program = self.op.block.program
         seed = self.op.attrs.get("seed") or 0
         step = self.executor._run_counts.get(id(program), 0)
-        key = [program.random_seed, seed, self.index, step]
-        return np.random.default_rng([int(k) & 0xFFFFFFFF for k in key])
+        where = seed if seed else 1 << 32 | self.index
+        key = [program.random_seed, where, step]
+        return np.random.default_rng([int(k) & 0xFFFFFFFFFFFF for k in key])
 
 
 def stable_seed(*parts: Any) -> int:
@@ -155,6 +158,18 @@ def _check_finite(ctx: KernelContext) -> None:
                 raise ExecutionError(
                     f"op {ctx.index} ({ctx.op.type}) produced {bad} in output {slot}={n!r} "
                     f"(RINGFLOW_CHECK_NAN=1): {op_to_string(ctx.op)}")
+
+
+def _kernels(block) -> list[Any]:
+    """Every op's kernel, looked up before the first op runs, so an op type that left the
+    table since the program was built fails the run before it changes any variable."""
+    kernels = []
+    for i, op in enumerate(block.ops):
+        if not has_op_def(op.type):
+            raise ProgramError(f"op {i} ({op.type}): unknown op type {op.type!r}: no op of "
+                               f"that type is registered\n  {op_to_string(op)}")
+        kernels.append(get_op_def(op.type).kernel)
+    return kernels
 
 
 class Executor:
@@ -183,9 +198,8 @@ class Executor:
         self._feed(block, feed or {}, scope)
         self._apply_lr_scheduler(program, scope)
         check_nan = os.environ.get("RINGFLOW_CHECK_NAN") == "1"
-        for i, op in enumerate(block.ops):
+        for i, (op, kernel) in enumerate(zip(block.ops, _kernels(block))):
             ctx = KernelContext(self, op, i, scope)
-            kernel = get_op_def(op.type).kernel
             try:
                 kernel(ctx)
             except RingflowError:

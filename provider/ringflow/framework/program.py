@@ -13,8 +13,8 @@ import itertools
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from ..errors import ProgramError
-from .registry import EMPTY_VAR_NAME, ShapeContext, convert_dtype, get_op_def
+from ..errors import ProgramError, RingflowError
+from .registry import EMPTY_VAR_NAME, ShapeContext, convert_dtype, get_op_def, slot_errors
 from .roles import OP_ROLE_KEY, OP_ROLE_VAR_KEY, OpRole
 
 
@@ -232,19 +232,9 @@ class Block:
         ins = {slot: _names(v) for slot, v in (inputs or {}).items()}
         outs = {slot: _names(v) for slot, v in (outputs or {}).items()}
         where = f"building op {type!r} (would be op {len(self.ops)} of block {self.idx})"
-        for kind, given, slots in (("input", ins, opdef.inputs), ("output", outs, opdef.outputs)):
-            known = {s.name: s for s in slots}
-            for slot, names in given.items():
-                if slot not in known:
-                    raise ProgramError(
-                        f"{where}: unknown {kind} slot {slot!r}; {type} has {kind}s "
-                        f"{sorted(known)}")
-                if len(names) > 1 and not known[slot].duplicable:
-                    raise ProgramError(f"{where}: {kind} slot {slot!r} takes one variable, "
-                                       f"got {len(names)}: {names}")
-            for s in slots:
-                if not s.optional and not given.get(s.name):
-                    raise ProgramError(f"{where}: required {kind} slot {s.name!r} is missing")
+        errors = slot_errors(opdef, ins, outs)
+        if errors:
+            raise ProgramError(f"{where}: {errors[0]}")
         for names in ins.values():
             for n in names:
                 if n != EMPTY_VAR_NAME and self._find_var_recursive(n) is None:
@@ -267,7 +257,13 @@ class Block:
         if opdef.infer_shape is None:
             return
         ctx = ShapeContext(op, self)
-        opdef.infer_shape(ctx)
+        try:
+            opdef.infer_shape(ctx)
+        except RingflowError:
+            raise
+        except Exception as exc:
+            raise ProgramError(f"building op {op.type!r} (would be op {len(self.ops)} of block "
+                               f"{self.idx}): shape inference failed: {exc}\n  {op!r}") from exc
         for slot, metas in ctx.results.items():
             for name, meta in zip(op.outputs.get(slot, []), metas):
                 v = self._find_var_recursive(name) if name != EMPTY_VAR_NAME else None
@@ -355,6 +351,8 @@ class Program:
             for name, v in b.vars.items():
                 nv = copy.copy(v)
                 nv.block = nb
+                if isinstance(v, Parameter):
+                    nv.optimize_attr = dict(v.optimize_attr)
                 nb.vars[name] = nv
             for op in b.ops:
                 if for_test and int(op.attr(OP_ROLE_KEY) or 0) & (

@@ -113,6 +113,11 @@ def register_op(
     return wrap
 
 
+def _unregister_op(type: str) -> None:
+    """Remove an op type from the table (tests that register scratch ops clean up)."""
+    _REGISTRY.pop(type, None)
+
+
 def get_op_def(type: str) -> OpDef:
     _load_ops()
     try:
@@ -129,6 +134,25 @@ def has_op_def(type: str) -> bool:
 def registered_op_types() -> list[str]:
     _load_ops()
     return sorted(_REGISTRY)
+
+
+def slot_errors(opdef: OpDef, inputs: Mapping[str, list[str]],
+                outputs: Mapping[str, list[str]]) -> list[str]:
+    """What is wrong with an op's slots against its definition (empty list: nothing):
+    unknown slots, several variables in a one-variable slot, required slots missing."""
+    errors = []
+    for kind, given, slots in (("input", inputs, opdef.inputs), ("output", outputs, opdef.outputs)):
+        known = {s.name: s for s in slots}
+        for slot, names in given.items():
+            if slot not in known:
+                errors.append(f"unknown {kind} slot {slot!r}; {opdef.type} has {kind}s "
+                              f"{sorted(known)}")
+            elif len(names) > 1 and not known[slot].duplicable:
+                errors.append(f"{kind} slot {slot!r} takes one variable, got {len(names)}: "
+                              f"{list(names)}")
+        errors += [f"required {kind} slot {s.name!r} is missing"
+                   for s in slots if not s.optional and not given.get(s.name)]
+    return errors
 
 
 def _load_ops() -> None:
