@@ -8,6 +8,7 @@ checking (feeds, NaN/inf) and the small context kernels see.
 from __future__ import annotations
 
 import os
+import time
 import zlib
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
@@ -175,10 +176,16 @@ def _kernels(block) -> list[Any]:
 class Executor:
     """Runs programs on numpy. ``place`` is accepted for Paddle compatibility (CPU only)."""
 
-    def __init__(self, place: Any = None) -> None:
+    def __init__(self, place: Any = None, profile: bool | None = None) -> None:
         self.place = place
         self._owned: set[str] = set()
         self._run_counts: dict[int, int] = {}
+        # Opt-in per-op timing (``profile=True`` or RINGFLOW_PROFILE=1): op type ->
+        # [calls, seconds inside its kernel]; read with ``profile_stats()``.
+        if profile is None:
+            profile = os.environ.get("RINGFLOW_PROFILE") == "1"
+        self.profile = bool(profile)
+        self._op_times: dict[str, list] = {}
 
     def run(
         self,
@@ -198,10 +205,16 @@ class Executor:
         self._feed(block, feed or {}, scope)
         self._apply_lr_scheduler(program, scope)
         check_nan = os.environ.get("RINGFLOW_CHECK_NAN") == "1"
+        profile = self.profile
         for i, (op, kernel) in enumerate(zip(block.ops, _kernels(block))):
             ctx = KernelContext(self, op, i, scope)
             try:
-                kernel(ctx)
+                if profile:
+                    t0 = time.perf_counter()
+                    kernel(ctx)
+                    self._record(op.type, time.perf_counter() - t0)
+                else:
+                    kernel(ctx)
             except RingflowError:
                 raise
             except Exception as exc:
@@ -219,6 +232,18 @@ class Executor:
                 raise ExecutionError(f"fetch target {name!r} was not computed by the program")
             out.append(np.array(scope[name], copy=True))
         return out
+
+    def _record(self, op_type: str, seconds: float) -> None:
+        entry = self._op_times.setdefault(op_type, [0, 0.0])
+        entry[0] += 1
+        entry[1] += seconds
+
+    def profile_stats(self) -> dict[str, tuple[int, float]]:
+        """With profiling on: op type -> (kernel calls, total seconds in those kernels)."""
+        return {k: (v[0], v[1]) for k, v in self._op_times.items()}
+
+    def reset_profile(self) -> None:
+        self._op_times.clear()
 
     @staticmethod
     def _feed(block, feed: Mapping[str, Any], scope: Scope) -> None:

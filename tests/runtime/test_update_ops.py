@@ -206,3 +206,19 @@ def test_squared_l2_norm_is_sum_of_squares():
     scope["x"] = x
     Executor().run(prog, scope=scope)
     np.testing.assert_allclose(scope["sq"], [np.sum(x * x)], rtol=1e-13)
+
+
+def test_profiling_executor_counts_calls_and_time_per_op_type():
+    prog = Program()
+    block = prog.global_block()
+    block.create_var(name="x", shape=(3,), dtype="float64")
+    block.append_op("squared_l2_norm", inputs={"X": "x"}, outputs={"Out": "sq"})
+    block.append_op("squared_l2_norm", inputs={"X": "x"}, outputs={"Out": "sq2"})
+    exe, scope = Executor(profile=True), Scope()
+    for _ in range(3):
+        exe.run(prog, feed={"x": np.ones(3)}, scope=scope)
+    calls, seconds = exe.profile_stats()["squared_l2_norm"]
+    assert calls == 6 and seconds > 0
+    exe.reset_profile()
+    assert exe.profile_stats() == {}
+    assert Executor().profile_stats() == {}  # off by default: nothing recorded
