@@ -6,7 +6,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint sysdeps venv clean bench
+.PHONY: demo test lint sysdeps venv clean bench bench-train
 
 $(STAMP): pyproject.toml setup.cfg
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -33,6 +33,13 @@ lint: $(STAMP)
 test: sysdeps $(STAMP)
 	$(VENV)/bin/ruff check provider tests benchmarks dags
 	$(PY) -m pytest
+
+# Benchmarks (not tests). The training step compares against PyTorch, which is installed
+# only into benchmarks/.venv-torch (made by the script on first use), never into .venv.
+bench: bench-train
+
+bench-train: $(STAMP)
+	$(PY) benchmarks/train_step.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info provider/*.egg-info .pytest_cache
