@@ -1,0 +1,162 @@
+"""Activations: relu, tanh, sigmoid, gelu (exact or tanh-approximated), exp, log.
+
+Grad ops read the forward output where the derivative is a function of it (relu, tanh,
+sigmoid, exp), as Paddle's do, so they need not keep the input.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..framework.registry import make_grad_op, register_op, same_shape_as
+from ._shapes import like_inputs
+
+
+def _unary(type: str, grad_reads: str):
+    """Registers ``type`` (X -> Out) and declares its grad op ``<type>_grad``, which reads
+    ``grad_reads`` ("X" or "Out") and Out@GRAD and writes X@GRAD."""
+    fwd = {"X": ("fwd_inputs", ["X"]), "Out": ("fwd_outputs", ["Out"])}[grad_reads]
+    return register_op(type, inputs=["X"], outputs=["Out"], infer_shape=same_shape_as(),
+                       grad=make_grad_op(f"{type}_grad", **{fwd[0]: fwd[1]}))
+
+
+def _unary_grad(type: str, reads: str):
+    return register_op(f"{type}_grad", inputs=[reads, "Out@GRAD"], outputs=["X@GRAD"],
+                       infer_shape=like_inputs((reads, "X@GRAD")))
+
+
+# relu: Out = max(X, 0); dX = dOut where Out > 0 -------------------------------------------
+@_unary("relu", "Out")
+def _relu(ctx) -> None:
+    x = ctx.input("X")
+    out = ctx.buffer("Out", x.shape, x.dtype)
+    np.maximum(x, 0, out=out)
+    ctx.set_output("Out", out)
+
+
+@_unary_grad("relu", "Out")
+def _relu_grad(ctx) -> None:
+    out, dout = ctx.input("Out"), ctx.input("Out@GRAD")
+    dx = ctx.buffer("X@GRAD", out.shape, dout.dtype)
+    np.multiply(dout, out > 0, out=dx)
+    ctx.set_output("X@GRAD", dx)
+
+
+# tanh: dX = dOut (1 - Out^2) ---------------------------------------------------------------
+@_unary("tanh", "Out")
+def _tanh(ctx) -> None:
+    x = ctx.input("X")
+    out = ctx.buffer("Out", x.shape, x.dtype)
+    np.tanh(x, out=out)
+    ctx.set_output("Out", out)
+
+
+@_unary_grad("tanh", "Out")
+def _tanh_grad(ctx) -> None:
+    out, dout = ctx.input("Out"), ctx.input("Out@GRAD")
+    dx = ctx.buffer("X@GRAD", out.shape, dout.dtype)
+    np.multiply(out, out, out=dx)
+    np.subtract(1, dx, out=dx)
+    dx *= dout
+    ctx.set_output("X@GRAD", dx)
+
+
+# sigmoid: Out = 1 / (1 + exp(-X)); dX = dOut Out (1 - Out) ---------------------------------
+@_unary("sigmoid", "Out")
+def _sigmoid(ctx) -> None:
+    x = ctx.input("X")
+    out = ctx.buffer("Out", x.shape, x.dtype)
+    # exp of -|x| only: no overflow for large |x|
+    np.negative(np.abs(x), out=out)
+    np.exp(out, out=out)
+    pos = x >= 0
+    np.divide(np.where(pos, 1, out), out + 1, out=out)
+    ctx.set_output("Out", out)
+
+
+@_unary_grad("sigmoid", "Out")
+def _sigmoid_grad(ctx) -> None:
+    out, dout = ctx.input("Out"), ctx.input("Out@GRAD")
+    dx = ctx.buffer("X@GRAD", out.shape, dout.dtype)
+    np.subtract(1, out, out=dx)
+    dx *= out
+    dx *= dout
+    ctx.set_output("X@GRAD", dx)
+
+
+# exp, log ----------------------------------------------------------------------------------
+@_unary("exp", "Out")
+def _exp(ctx) -> None:
+    ctx.set_output("Out", np.exp(ctx.input("X")))
+
+
+@_unary_grad("exp", "Out")
+def _exp_grad(ctx) -> None:
+    ctx.set_output("X@GRAD", ctx.input("Out@GRAD") * ctx.input("Out"))
+
+
+@_unary("log", "X")
+def _log(ctx) -> None:
+    ctx.set_output("Out", np.log(ctx.input("X")))
+
+
+@_unary_grad("log", "X")
+def _log_grad(ctx) -> None:
+    ctx.set_output("X@GRAD", ctx.input("Out@GRAD") / ctx.input("X"))
+
+
+# gelu ----------------------------------------------------------------------------------------
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+
+
+def erf(x: np.ndarray) -> np.ndarray:
+    """The error function to float64 precision (numpy has none): for |x| < 3 the series
+    erf(x) = 2/sqrt(pi) exp(-x^2) sum_n 2^n x^(2n+1) / (2n+1)!!, whose terms are all
+    positive (no cancellation); beyond, erfc's continued fraction."""
+    x = np.asarray(x, dtype=np.float64)
+    a = np.abs(x)
+    result = np.ones_like(a)
+    small = a < 3.0
+    s = a[small]
+    term = s.copy()
+    total = s.copy()
+    s2 = 2.0 * s * s
+    for n in range(1, 60):       # at |x| = 3 term 60 is below 1e-20 of the sum
+        term *= s2 / (2 * n + 1)
+        total += term
+    result[small] = 2.0 / math.sqrt(math.pi) * np.exp(-s * s) * total
+    mid = ~small & (a < 6.5)    # erfc(6.5) < 1e-19: erf is 1 in float64 beyond
+    m = a[mid]
+    frac = m.copy()
+    for k in range(60, 0, -1):  # erfc(x) = exp(-x^2)/sqrt(pi) / (x + (1/2)/(x + 1/(x + ...)))
+        frac = m + (k / 2.0) / frac
+    result[mid] = 1.0 - np.exp(-m * m) / math.sqrt(math.pi) / frac
+    return np.copysign(result, x)
+
+
+def _gelu_parts(x: np.ndarray, approximate: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(Phi(x), dPhi/dx) in float64: exact Phi = (1 + erf(x / sqrt 2)) / 2, or the tanh form."""
+    x = x.astype(np.float64)
+    if approximate:
+        inner = _SQRT_2_OVER_PI * (x + 0.044715 * x**3)
+        t = np.tanh(inner)
+        return 0.5 * (1.0 + t), 0.5 * (1.0 - t * t) * _SQRT_2_OVER_PI * (1 + 3 * 0.044715 * x * x)
+    return 0.5 * (1.0 + erf(x / math.sqrt(2.0))), np.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)
+
+
+@register_op("gelu", inputs=["X"], outputs=["Out"], attrs={"approximate": False},
+             infer_shape=same_shape_as(), grad=make_grad_op("gelu_grad", fwd_inputs=["X"]))
+def _gelu(ctx) -> None:
+    x = ctx.input("X")
+    phi, _ = _gelu_parts(x, bool(ctx.attr("approximate")))
+    ctx.set_output("Out", (x * phi).astype(x.dtype))
+
+
+@register_op("gelu_grad", inputs=["X", "Out@GRAD"], outputs=["X@GRAD"],
+             attrs={"approximate": False}, infer_shape=like_inputs(("X", "X@GRAD")))
+def _gelu_grad(ctx) -> None:
+    x, dout = ctx.input("X"), ctx.input("Out@GRAD")
+    phi, dphi = _gelu_parts(x, bool(ctx.attr("approximate")))
+    ctx.set_output("X@GRAD", (dout * (phi + x * dphi)).astype(x.dtype))

@@ -1,0 +1,103 @@
+"""Ops that make tensors: fill_constant, uniform_random, gaussian_random (what the
+initializers emit), assign and fill_zeros_like.
+
+Random ops draw from ``np.random.default_rng(seed)`` with the op's ``seed`` attr (set by
+the initializer from ``Program.random_seed``), so the same seed gives the same values in
+every process; an op with seed 0 draws from the executor's per-op generator instead.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..errors import ExecutionError, ProgramError
+from ..framework.registry import OpDesc, convert_dtype, grad_var_name, register_op, same_shape_as
+
+# Paddle's VarType codes, for programs that carry the dtype attr as an int.
+_PADDLE_DTYPES = {0: "bool", 1: "int16", 2: "int32", 3: "int64", 4: "float16", 5: "float32",
+                  6: "float64", 20: "uint8", 21: "int8"}
+
+
+def attr_dtype(value: Any) -> str:
+    """A dtype attr (numpy name, numpy dtype or Paddle's VarType int) as a numpy name."""
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        if int(value) not in _PADDLE_DTYPES:
+            raise ProgramError(f"unknown Paddle dtype code {value}")
+        return _PADDLE_DTYPES[int(value)]
+    return convert_dtype(value)
+
+
+def _shape_attr(ctx) -> tuple[int, ...]:
+    return tuple(int(d) for d in ctx.attr("shape"))
+
+
+def _infer_from_attrs(ctx) -> None:
+    ctx.set_output("Out", ctx.attr("shape"), attr_dtype(ctx.attr("dtype")))
+
+
+def _check_shape(ctx, shape: tuple[int, ...]) -> None:
+    if any(d < 0 for d in shape):
+        raise ExecutionError(f"op {ctx.index} ({ctx.op.type}): shape attr {list(shape)} must be "
+                           f"fully known (no -1) to create a tensor")
+
+
+@register_op("fill_constant", inputs=[], outputs=["Out"],
+             attrs={"shape": [1], "dtype": "float32", "value": 0.0, "str_value": "",
+                    "force_cpu": False},
+             infer_shape=_infer_from_attrs)
+def _fill_constant(ctx) -> None:
+    shape, dtype = _shape_attr(ctx), attr_dtype(ctx.attr("dtype"))
+    _check_shape(ctx, shape)
+    value = ctx.attr("str_value") or ctx.attr("value")
+    # A fresh array (no ``buffer``): in a startup program Out is a parameter whose array a
+    # user may have put into the scope; it is tiny when it is the loss gradient.
+    ctx.set_output("Out", np.full(shape, float(value), dtype=dtype))
+
+
+def _generator(ctx) -> np.random.Generator:
+    seed = int(ctx.attr("seed") or 0)
+    return np.random.default_rng(seed) if seed else ctx.rng()
+
+
+@register_op("uniform_random", inputs=[], outputs=["Out"],
+             attrs={"shape": [1], "dtype": "float32", "min": -1.0, "max": 1.0, "seed": 0},
+             infer_shape=_infer_from_attrs)
+def _uniform_random(ctx) -> None:
+    shape, dtype = _shape_attr(ctx), attr_dtype(ctx.attr("dtype"))
+    _check_shape(ctx, shape)
+    lo, hi = float(ctx.attr("min")), float(ctx.attr("max"))
+    ctx.set_output("Out", _generator(ctx).uniform(lo, hi, shape).astype(dtype))
+
+
+@register_op("gaussian_random", inputs=[], outputs=["Out"],
+             attrs={"shape": [1], "dtype": "float32", "mean": 0.0, "std": 1.0, "seed": 0},
+             infer_shape=_infer_from_attrs)
+def _gaussian_random(ctx) -> None:
+    shape, dtype = _shape_attr(ctx), attr_dtype(ctx.attr("dtype"))
+    _check_shape(ctx, shape)
+    mean, std = float(ctx.attr("mean")), float(ctx.attr("std"))
+    ctx.set_output("Out", _generator(ctx).normal(mean, std, shape).astype(dtype))
+
+
+def _assign_grad(op, no_grad: frozenset) -> list[OpDesc]:
+    name = op.inputs["X"][0]
+    if name in no_grad:
+        return []
+    return [OpDesc("assign", {"X": [grad_var_name(op.outputs["Out"][0])]},
+                   {"Out": [grad_var_name(name)]})]
+
+
+@register_op("assign", inputs=["X"], outputs=["Out"], infer_shape=same_shape_as("X", "Out"),
+             grad=_assign_grad)
+def _assign(ctx) -> None:
+    # A copy, not the same array: Out may be updated in place (a parameter) while X lives on.
+    ctx.set_output("Out", np.array(ctx.input("X"), copy=True))
+
+
+@register_op("fill_zeros_like", inputs=["X"], outputs=["Out"],
+             infer_shape=same_shape_as("X", "Out"))
+def _fill_zeros_like(ctx) -> None:
+    x = ctx.input("X")
+    ctx.set_output("Out", np.zeros(x.shape, x.dtype))
