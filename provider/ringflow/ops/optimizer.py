@@ -149,15 +149,15 @@ def _adam_update(ctx, decay: float, lr_ratio: float = 1.0) -> None:
     g = ctx.input("Grad").reshape(-1)
 
     def body(s: int, e: int) -> None:
-        tmp = scratch(e - s, p.dtype)
-        _adam_moments(m[s:e], v[s:e], g[s:e], tmp, b1, b2)
-        np.sqrt(v[s:e], out=tmp)
+        tmp, pc, mc, vc = scratch(e - s, p.dtype), p[s:e], m[s:e], v[s:e]
+        _adam_moments(mc, vc, g[s:e], tmp, b1, b2)
+        np.sqrt(vc, out=tmp)
         tmp += eps_t
-        np.divide(m[s:e], tmp, out=tmp)
+        np.divide(mc, tmp, out=tmp)
         tmp *= lr_t
         if decay:
-            p[s:e] *= keep
-        p[s:e] -= tmp
+            pc *= keep
+        pc -= tmp
 
     for_each_chunk(p.size, body)
     ctx.set_output("Beta1PowOut", b1p * b1)
