@@ -73,6 +73,10 @@ class Parameter(Variable):
         self.split_axis: int | None = None
         # Per-parameter learning-rate multiplier, as Paddle's ParamAttr.learning_rate.
         self.optimize_attr = {"learning_rate": 1.0}
+        # ParamAttr's need_clip (gradient clipping applies) and regularizer (None: the
+        # optimizer's weight_decay applies), as Paddle's Parameter carries them.
+        self.need_clip = True
+        self.regularizer = None
 
     def __repr__(self) -> str:
         extra = ", distributed" if self.is_distributed else ""
