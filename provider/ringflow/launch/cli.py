@@ -1,0 +1,64 @@
+"""Command lines: `ringflow launch ...` (console script) and `python -m ringflow.launch ...`.
+
+User errors (ConfigError) print one line and exit 2, with no traceback; a job's exit code is
+its root cause's (the first failing rank's code, 128+N for signal N).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from ringflow.errors import ConfigError, LaunchError
+from ringflow.launch.agent import Agent
+from ringflow.launch.config import LaunchConfig, parse_launch_args
+from ringflow.launch.env import JobIdentity, resolve_identity
+from ringflow.launch.logs import Console
+
+USAGE = """usage: ringflow launch [options] script.py|-m module [args]
+
+commands:
+  launch    start this host's ranks of a job (see `ringflow launch --help`)
+"""
+
+
+def launch_main(argv: list[str] | None = None, prog: str = "python -m ringflow.launch") -> int:
+    """Parse, validate, run one agent; returns the process exit code."""
+    args = sys.argv[1:] if argv is None else argv
+    try:
+        config = parse_launch_args(args, prog=prog)
+        identity, warning = resolve_identity(os.environ)
+    except ConfigError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2
+    return _run(config, identity, warning)
+
+
+def _run(config: LaunchConfig, identity: JobIdentity, warning: str | None) -> int:
+    console = Console(sys.stdout.buffer)
+    if warning:
+        console.info(f"warning: {warning}")
+    try:
+        result = Agent(config, identity, console).run()
+    except LaunchError as exc:
+        console.info(f"error: {exc}")
+        return 1
+    return result.exit_code
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The `ringflow` console script: subcommand dispatch."""
+    args = sys.argv[1:] if argv is None else argv
+    if not args or args[0] in ("-h", "--help"):
+        stream = sys.stdout if args else sys.stderr
+        print(USAGE, file=stream, end="")
+        return 0 if args else 2
+    if args[0] != "launch":
+        print(f"ringflow: error: unknown command {args[0]!r}; expected 'launch'",
+              file=sys.stderr)
+        return 2
+    return launch_main(args[1:], prog="ringflow launch")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,114 @@
+"""The worker environment contract (DESIGN.md section 3): job identity, endpoints, env vars.
+
+Endpoints are per rank and host-major. With --base-port P every agent computes every rank's
+endpoint alone as `host:P + local rank`; without it (one host only) free ports of this host
+are picked, so concurrent jobs on one host never collide.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import socket
+from collections.abc import Mapping
+from contextlib import ExitStack
+from dataclasses import dataclass
+
+from ringflow.errors import ConfigError
+from ringflow.launch.config import LaunchConfig
+
+JOB_ID_VAR = "RINGFLOW_JOB_ID"
+JOB_TOKEN_VAR = "RINGFLOW_JOB_TOKEN"
+THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+# No '-': shm segments are named ringflow-<job id>-..., and a sweep of one job's prefix
+# must never match another job's segments (job "a" vs job "a-b").
+_JOB_ID = re.compile(r"^[A-Za-z0-9_.]{1,64}$")
+
+
+@dataclass(frozen=True)
+class JobIdentity:
+    job_id: str
+    token: str
+
+    def __repr__(self) -> str:  # the token must not reach a log through a repr
+        return f"JobIdentity(job_id={self.job_id!r}, token=<hidden>)"
+
+
+def resolve_identity(environ: Mapping[str, str]) -> tuple[JobIdentity, str | None]:
+    """The job id and token from the environment when both are set, else fresh ones.
+
+    Returns the identity and a warning for the log when only one of the two was set.
+    """
+    job_id, token = environ.get(JOB_ID_VAR), environ.get(JOB_TOKEN_VAR)
+    if job_id and token:
+        if not _JOB_ID.match(job_id):
+            raise ConfigError(f"{JOB_ID_VAR}={job_id!r} must be 1-64 characters of letters, "
+                              "digits, '_' and '.' (it names shared-memory segments)")
+        return JobIdentity(job_id, token), None
+    warning = None
+    if job_id or token:
+        present = JOB_ID_VAR if job_id else JOB_TOKEN_VAR
+        missing = JOB_TOKEN_VAR if job_id else JOB_ID_VAR
+        warning = (f"{present} is set but {missing} is not; using a new job id and token, "
+                   "so this agent cannot join other hosts' agents")
+    return JobIdentity(secrets.token_hex(6), secrets.token_hex(32)), warning
+
+
+def plan_endpoints(config: LaunchConfig) -> list[str]:
+    """Every rank's `host:port`, in global rank order (host-major)."""
+    if config.base_port is not None:
+        return [f"{host}:{config.base_port + i}"
+                for host in config.hosts for i in range(config.nproc_per_host)]
+    # validate() guarantees a single host here
+    return [f"{config.host}:{port}" for port in free_ports(config.nproc_per_host)]
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` distinct ports free on every interface of this host right now.
+
+    The sockets are held open together so the kernel hands out distinct ports; they are
+    closed before the workers bind, so another process could take one in between (then the
+    worker's bind fails with an error naming ip:port).
+    """
+    with ExitStack() as stack:
+        ports = []
+        for _ in range(count):
+            s = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+            s.bind(("", 0))
+            ports.append(s.getsockname()[1])
+        return ports
+
+
+def cores_available() -> int:
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def worker_env(config: LaunchConfig, identity: JobIdentity, endpoints: list[str],
+               local_rank: int, base: Mapping[str, str]) -> dict[str, str]:
+    """The full environment of one worker: `base` plus the contract's variables."""
+    rank = config.global_rank(local_rank)
+    env = dict(base)
+    env.update({
+        "PADDLE_TRAINER_ID": str(rank),
+        "PADDLE_TRAINERS_NUM": str(config.world_size),
+        "PADDLE_TRAINER_ENDPOINTS": ",".join(endpoints),
+        "PADDLE_CURRENT_ENDPOINT": endpoints[rank],
+        "PADDLE_RANK_IN_NODE": str(local_rank),
+        "PADDLE_LOCAL_SIZE": str(config.nproc_per_host),
+        "PADDLE_TRAINING_ROLE": "TRAINER",
+        "PADDLE_GLOBAL_RANK": str(rank),
+        "PADDLE_LOCAL_RANK": str(local_rank),
+        "PADDLE_GLOBAL_SIZE": str(config.world_size),
+        "PADDLE_NNODES": str(config.nnodes),
+        JOB_ID_VAR: identity.job_id,
+        JOB_TOKEN_VAR: identity.token,
+        "PYTHONUNBUFFERED": "1",
+    })
+    threads = str(max(1, cores_available() // config.nproc_per_host))
+    for var in THREAD_VARS:
+        if not base.get(var):
+            env[var] = threads
+    return env

@@ -1,0 +1,83 @@
+"""Worker output: each rank's pipe copied to DIR/workerlog.<rank> and, line by line with a
+`[rank N] ` prefix, to the launcher's stdout; plus the tail of a log for failure reports.
+
+One lock guards the console and every line goes out in one write followed by a flush, so
+lines of different ranks never interleave mid-line.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from pathlib import Path
+from typing import BinaryIO
+
+# A line longer than this is forwarded to the console in pieces (the log file keeps it whole),
+# so a worker printing without newlines cannot make the launcher buffer without bound.
+MAX_LINE_BYTES = 1 << 20
+
+
+class Console:
+    """The launcher's stdout, shared by every pump thread and the launcher's own messages."""
+
+    def __init__(self, stream: BinaryIO) -> None:
+        self._stream = stream
+        self._lock = threading.Lock()
+        self._broken = False
+
+    def write_line(self, prefix: bytes, line: bytes) -> None:
+        if not line.endswith(b"\n"):
+            line += b"\n"
+        with self._lock:
+            if self._broken:
+                return
+            try:
+                self._stream.write(prefix + line)
+                self._stream.flush()
+            except (BrokenPipeError, ValueError, OSError):
+                # the reader of our stdout went away; the log files still get everything
+                self._broken = True
+
+    def info(self, text: str) -> None:
+        """A launcher message: one `[launch] ` line per line of text."""
+        for line in text.splitlines() or [""]:
+            self.write_line(b"[launch] ", line.encode("utf-8", "replace"))
+
+
+class LogPump(threading.Thread):
+    """Copies one worker's combined stdout+stderr pipe to its log file and the console."""
+
+    def __init__(self, rank: int, pipe: BinaryIO, log_path: Path, console: Console) -> None:
+        super().__init__(name=f"ringflow-log-rank{rank}", daemon=True)
+        self.rank = rank
+        self.log_path = log_path
+        self._pipe = pipe
+        self._console = console
+        self._prefix = f"[rank {rank}] ".encode()
+        self._log = open(log_path, "wb")  # noqa: SIM115 - closed when the pipe ends
+
+    def run(self) -> None:
+        try:
+            while True:
+                chunk = self._pipe.readline(MAX_LINE_BYTES)
+                if not chunk:
+                    break
+                self._log.write(chunk)
+                self._log.flush()
+                self._console.write_line(self._prefix, chunk)
+        finally:
+            self._log.close()
+            self._pipe.close()
+
+
+def tail_lines(path: Path, count: int, max_bytes: int = 256 * 1024) -> list[str]:
+    """The last `count` lines of a text log, reading at most its last `max_bytes`."""
+    try:
+        with open(path, "rb") as f:
+            size = f.seek(0, 2)
+            f.seek(max(0, size - max_bytes))
+            data = f.read()
+    except OSError:
+        return []
+    lines = data.decode("utf-8", "replace").splitlines()
+    return list(deque(lines, maxlen=count))
