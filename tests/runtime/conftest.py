@@ -1,7 +1,8 @@
-"""Runtime fixtures: scratch ops that exist only while a test runs.
+"""Runtime fixtures: scratch ops that exist only while a test runs, and ``net``, a small
+builder of real-op programs (fc = matmul_v2 + elementwise_add, as ringflow.nn builds it).
 
-Tests of the IR, the executor and the verifier use these instead of the real op families so
-they state exactly what the op does and do not change when a real op's kernel changes.
+Tests of the IR, the executor and the verifier use the scratch ops instead of the real op
+families so they state exactly what the op does and do not change when a real kernel does.
 """
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import ringflow as rf
+from ringflow.framework.layer_helper import create_parameter
 from ringflow.framework.registry import (
     OpDesc,
     _unregister_op,
@@ -111,3 +114,40 @@ def scratch_ops():
     finally:
         for name in SCRATCH_OPS:
             _unregister_op(name)
+
+
+class Net:
+    """Builds programs from real ops without ringflow.nn: ``net.op(type, **inputs)`` appends
+    one op to the main program and returns its output variable."""
+
+    def __init__(self, main):
+        self.main, self.block = main, main.global_block()
+
+    def op(self, type, out="Out", attrs=None, **inputs):
+        name = self.main.unique_name(type)
+        self.block.append_op(type, inputs=inputs, outputs={out: name}, attrs=attrs)
+        return self.block.var(name)
+
+    def fc(self, x, size, act=None, weight=None, bias=True):
+        w = weight or create_parameter([x.shape[-1], size], x.dtype)
+        h = self.op("matmul_v2", X=x, Y=w)
+        if bias:
+            h = self.op("elementwise_add", X=h, Y=create_parameter([size], x.dtype, is_bias=True))
+        return self.op(act, X=h) if act else h
+
+    def mean(self, x):
+        return self.op("reduce_mean", X=x, attrs={"reduce_all": True})
+
+    def xent(self, logits, label):
+        loss = self.main.unique_name("xent")
+        self.block.append_op("softmax_with_cross_entropy", inputs={"Logits": logits,
+                                                                   "Label": label},
+                             outputs={"Softmax": loss + ".softmax", "Loss": loss})
+        return self.block.var(loss)
+
+
+@pytest.fixture
+def net():
+    main, startup = rf.Program(), rf.Program()
+    with rf.program_guard(main, startup):
+        yield Net(main)

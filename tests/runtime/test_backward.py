@@ -14,42 +14,6 @@ from ringflow.framework.registry import OpDesc, _unregister_op, grad_var_name, r
 F64 = "float64"
 
 
-class Net:
-    """Appends ops to the default main program's block by name: ``net.op(type, ...)``."""
-
-    def __init__(self, main):
-        self.main, self.block = main, main.global_block()
-
-    def op(self, type, out="Out", attrs=None, **inputs):
-        name = self.main.unique_name(type)
-        self.block.append_op(type, inputs=inputs, outputs={out: name}, attrs=attrs)
-        return self.block.var(name)
-
-    def fc(self, x, size, act=None, weight=None, bias=True):
-        w = weight or create_parameter([x.shape[-1], size], x.dtype)
-        h = self.op("matmul_v2", X=x, Y=w)
-        if bias:
-            h = self.op("elementwise_add", X=h, Y=create_parameter([size], x.dtype, is_bias=True))
-        return self.op(act, X=h) if act else h
-
-    def mean(self, x):
-        return self.op("reduce_mean", X=x, attrs={"reduce_all": True})
-
-    def xent(self, logits, label):
-        loss = self.main.unique_name("xent")
-        self.block.append_op("softmax_with_cross_entropy", inputs={"Logits": logits,
-                                                                   "Label": label},
-                             outputs={"Softmax": loss + ".softmax", "Loss": loss})
-        return self.block.var(loss)
-
-
-@pytest.fixture
-def net():
-    main, startup = rf.Program(), rf.Program()
-    with rf.program_guard(main, startup):
-        yield Net(main)
-
-
 def _mlp(net, dtype="float32"):
     x = rf.data("x", [-1, 8], dtype)
     y = rf.data("y", [-1, 1], "int64")
