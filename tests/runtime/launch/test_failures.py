@@ -1,0 +1,182 @@
+"""Failure behaviour: the first failing rank stops the job and is reported as the root cause;
+signals to the launcher stop everything; a SIGKILLed launcher takes its workers and their
+children with it; a crashed rank's shm segments are removed. The `launcher` fixture fails any
+test that leaves a process or a segment behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from .conftest import wait_for
+
+# A rank that records its pid and its child's, then waits: the victim of a stop.
+SLEEPER = """
+    import json, os, signal, subprocess, sys, time
+    rank = os.environ["PADDLE_TRAINER_ID"]
+    if "--ignore-term" in sys.argv:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the child inherits it too
+    child = subprocess.Popen(["sleep", "1000"])
+    with open(f"pids.{rank}.tmp", "w") as f:
+        f.write(json.dumps({"worker": os.getpid(), "child": child.pid}) + "\\n")
+    os.rename(f"pids.{rank}.tmp", f"pids.{rank}")
+    print("ready", flush=True)
+    time.sleep(1000)
+"""
+
+
+def alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2] not in "ZX"
+
+
+def wait_ready(launcher, ranks) -> list[int]:
+    """Every pid (workers and their children) once all `ranks` are up."""
+    pids = []
+    for r in ranks:
+        info = launcher.read_json(f"pids.{r}")
+        pids += [info["worker"], info["child"]]
+    return pids
+
+
+def sleeper_unless(launcher, rank: int, body: str) -> None:
+    """Rank `rank` runs `body`; the others run SLEEPER."""
+    launcher.script("sleeper.py", SLEEPER)
+    launcher.script("worker.py", f"""
+        import os, runpy, sys
+        if os.environ["PADDLE_TRAINER_ID"] != "{rank}":
+            runpy.run_path("sleeper.py", run_name="__main__")
+        """ + body)
+
+
+@pytest.mark.multiproc
+def test_a_failing_rank_stops_the_others_and_its_code_and_log_tail_are_reported(launcher):
+    sleeper_unless(launcher, 1, """
+        import time
+        while not all(os.path.exists(f"pids.{r}") for r in (0, 2)):
+            time.sleep(0.02)
+        for i in range(1, 31):
+            print(f"progress {i}")
+        sys.exit(3)
+    """)
+    done = launcher.run("--nproc-per-host", "3", "worker.py")
+    assert done.returncode == 3
+    assert "rank 1 (local rank 1, host 127.0.0.1" in done.stdout
+    assert "failed first: exit code 3; stopping the other ranks" in done.stdout
+    tail = [ln.removeprefix("  | ") for ln in done.lines("[launch] ") if ln.startswith("  | ")]
+    assert tail == [f"progress {i}" for i in range(11, 31)]
+    result = done.result
+    assert (result["status"], result["failed_rank"], result["exit_code"]) == ("failed", 1, 3)
+    by_rank = {r["rank"]: r for r in result["ranks"]}
+    for r in (0, 2):
+        assert by_rank[r]["signal"] == "SIGTERM" and by_rank[r]["stopped_by_launcher"]
+    assert not by_rank[1]["stopped_by_launcher"]
+
+
+@pytest.mark.multiproc
+def test_a_rank_killed_by_a_signal_makes_the_launcher_exit_128_plus_the_signal(launcher):
+    sleeper_unless(launcher, 0, """
+        import signal
+        os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    done = launcher.run("--nproc-per-host", "2", "worker.py")
+    assert done.returncode == 137
+    assert "rank 0 (local rank 0" in done.stdout
+    assert "killed by SIGKILL (exit code 137)" in done.stdout
+    assert done.result["ranks"][0]["signal"] == "SIGKILL"
+
+
+@pytest.mark.multiproc
+@pytest.mark.slow
+def test_a_rank_ignoring_sigterm_is_killed_after_the_grace(launcher):
+    sleeper_unless(launcher, 1, """
+        import time
+        while not os.path.exists("pids.0"):
+            time.sleep(0.02)
+        sys.exit(1)
+    """)
+    done = launcher.run("--nproc-per-host", "2", "worker.py", "--ignore-term", timeout=40)
+    assert done.returncode == 1
+    assert "rank 0 still running 5 s after SIGTERM: sending SIGKILL" in done.stdout
+    stubborn = done.result["ranks"][0]
+    assert stubborn["signal"] == "SIGKILL" and stubborn["stopped_by_launcher"]
+    assert done.result["failed_rank"] == 1
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_to_the_launcher_stops_every_rank_and_their_children(launcher, sig):
+    launcher.script("sleeper.py", SLEEPER)
+    proc = launcher.start("--nproc-per-host", "2", "sleeper.py")
+    pids = wait_ready(launcher, (0, 1))
+    os.kill(proc.pid, sig)
+    done = launcher.finish(proc)
+    assert done.returncode == 128 + sig
+    assert f"the launcher received {sig.name}; stopping all ranks" in done.stdout
+    assert done.result["status"] == "stopped"
+    assert [p for p in pids if alive(p)] == []
+
+
+@pytest.mark.multiproc
+def test_a_sigkilled_launcher_takes_its_workers_their_children_and_shm_with_it(launcher):
+    launcher.script("sleeper.py", SLEEPER)
+    segment = Path(f"/dev/shm/ringflow-{launcher.job_id}-ring0-rank0")
+    proc = launcher.start("--nproc-per-host", "2", "sleeper.py")
+    pids = wait_ready(launcher, (0, 1))
+    segment.write_bytes(b"left by a rank")
+    proc.kill()
+    proc.communicate(timeout=10)
+    wait_for(lambda: not any(alive(p) for p in pids), 10.0, "workers and children to die")
+    wait_for(lambda: not segment.exists(), 10.0, f"{segment} to be removed")
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize("code", [0, 1])
+def test_shm_segments_of_the_job_are_removed_when_it_ends_and_no_others(launcher, code):
+    other = Path(f"/dev/shm/ringflow-{launcher.job_id}x-seg")  # another job's id
+    other.write_bytes(b"other job")
+    try:
+        launcher.script("leaky.py", f"""
+            import os, sys
+            rank = os.environ["PADDLE_TRAINER_ID"]
+            job = os.environ["RINGFLOW_JOB_ID"]
+            with open(f"/dev/shm/ringflow-{{job}}-seg{{rank}}", "wb") as f:
+                f.write(b"x" * 4096)
+            sys.exit({code})
+        """)
+        done = launcher.run("--nproc-per-host", "2", "leaky.py")
+        assert done.returncode == code
+        assert done.result["shm_removed"] == [f"ringflow-{launcher.job_id}-seg0",
+                                              f"ringflow-{launcher.job_id}-seg1"]
+        assert list(Path("/dev/shm").glob(f"ringflow-{launcher.job_id}-*")) == []
+        assert other.read_bytes() == b"other job"
+    finally:
+        other.unlink()
+
+
+@pytest.mark.multiproc
+def test_a_daemonized_descendant_that_left_its_group_is_killed_at_the_end(launcher):
+    launcher.script("daemon.py", """
+        import os, time
+        if os.fork() == 0:
+            os.setsid()  # leaves the rank's process group: killpg cannot reach it
+            if os.fork() == 0:
+                with open("daemon.pid.tmp", "w") as f:
+                    f.write(f"{os.getpid()}\\n")
+                os.rename("daemon.pid.tmp", "daemon.pid")
+                time.sleep(1000)
+            os._exit(0)
+        while not os.path.exists("daemon.pid"):
+            time.sleep(0.02)
+    """)
+    done = launcher.run("--nproc-per-host", "1", "daemon.py")
+    assert done.returncode == 0, done.stdout + done.stderr
+    daemon = int((launcher.dir / "daemon.pid").read_text())
+    assert "left its process group" in done.stdout
+    wait_for(lambda: not alive(daemon), 5.0, "the daemon to die")
