@@ -38,6 +38,23 @@ def test_fc_tanh_fc_softmax_mean_has_paddles_op_sequence_and_roles(net):
         ("matmul_v2_grad", 1)]
 
 
+def test_nn_model_with_sgd_reads_like_paddles_program(net):
+    # The whole of reference/paddle-semantics.md 1.5: forward, backward, then sgd(2) x4
+    # sorted by parameter name, each update carrying [param, grad].
+    x = rf.data("x", [-1, 8], "float32")
+    y = rf.data("y", [-1, 1], "int64")
+    h = rf.nn.fc(x, 16, activation="tanh")
+    loss = rf.nn.mean(rf.nn.softmax_with_cross_entropy(rf.nn.fc(h, 4), y))
+    rf.optimizer.SGD(0.1).minimize(loss)
+    roles = _roles(net.main)
+    assert [r for _, r in roles] == [0] * 6 + [256, 257] + [1] * 7 + [2] * 4
+    assert [t for t, _ in roles][6:9] == ["reduce_mean", "fill_constant", "reduce_mean_grad"]
+    updates = [op.attr("op_role_var") for op in net.block.ops if op.type == "sgd"]
+    assert updates == [[p, p + "@GRAD"] for p in ("fc_0.b_0", "fc_0.w_0", "fc_1.b_0",
+                                                  "fc_1.w_0")]
+    assert rf.verify(net.main) is None
+
+
 def test_loss_grad_is_fill_constant_one_into_loss_at_grad(net):
     loss = _mlp(net)
     rf.append_backward(loss)
