@@ -24,6 +24,9 @@ from .framework.program import Program, Variable
 __all__ = ["load", "save"]
 
 SUFFIX = ".npz"
+# mkstemp makes files 0600; a checkpoint gets the mode a plain open() would give it.
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)
 
 
 def checkpoint_path(path: str | os.PathLike) -> str:
@@ -63,6 +66,7 @@ def save(program: Program, path: str | os.PathLike, scope: Scope | None = None) 
                                dir=directory)
     try:
         with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), 0o666 & ~_UMASK)
             _write_npz(f, arrays)
             f.flush()
             os.fsync(f.fileno())

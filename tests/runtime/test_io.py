@@ -121,3 +121,11 @@ def test_load_of_a_missing_file_names_the_path(trained, tmp_path):
     main, _, _, _ = trained
     with pytest.raises(ExecutionError, match=r"no checkpoint file '.*nowhere.npz'"):
         rf.load(main, tmp_path / "nowhere")
+
+
+def test_saved_file_has_the_mode_of_a_plainly_created_file(trained, tmp_path):
+    main, scope, _, _ = trained
+    umask = os.umask(0o022)
+    os.umask(umask)
+    path = rf.save(main, tmp_path / "ckpt", scope=scope)
+    assert os.stat(path).st_mode & 0o777 == 0o666 & ~umask
