@@ -30,6 +30,7 @@ from ringflow.launch.processes import (
     live_groups,
     reap_orphans,
     signal_group,
+    terminate_group,
 )
 from ringflow.launch.result import JobResult, RankResult
 from ringflow.launch.shm import sweep_job_segments
@@ -223,7 +224,7 @@ class Agent:
             if w.returncode is None:
                 w.returncode = exit_status(w.proc.pid)
                 w.stopped = w.returncode is None
-            signal_group(w.pgid, signal.SIGTERM)  # also reaches an exited rank's children
+            terminate_group(w.pgid)  # also reaches an exited rank's children
         signals_before = len(trap.received)
         deadline = time.monotonic() + self.config.grace_s
         while live_groups(groups) and time.monotonic() < deadline:

@@ -67,6 +67,15 @@ def signal_group(pgid: int, sig: int) -> bool:
     return True
 
 
+def terminate_group(pgid: int) -> bool:
+    """SIGTERM then SIGCONT: a stopped member (SIGSTOP, a debugger) would otherwise hold
+    the SIGTERM pending until the grace runs out and SIGKILL comes."""
+    if not signal_group(pgid, signal.SIGTERM):
+        return False
+    signal_group(pgid, signal.SIGCONT)
+    return True
+
+
 def _stat_fields(pid_dir: Path) -> tuple[str, int, int] | None:
     """(state, ppid, pgrp) of one /proc entry; None if it vanished meanwhile."""
     try:

@@ -20,7 +20,7 @@ import time
 from typing import BinaryIO
 
 from ringflow.errors import LaunchError
-from ringflow.launch.processes import live_groups, signal_group
+from ringflow.launch.processes import live_groups, signal_group, terminate_group
 from ringflow.launch.shm import sweep_job_segments
 
 KILL_WAIT_S = 5.0  # after SIGKILL a group empties at once unless a member is in the kernel
@@ -76,7 +76,7 @@ def read_until_done(stream: BinaryIO) -> tuple[list[int], bool]:
 def stop_groups(groups: list[int], grace_s: float) -> set[int]:
     """SIGTERM every group, SIGKILL what is left after the grace; returns survivors."""
     for g in groups:
-        signal_group(g, signal.SIGTERM)
+        terminate_group(g)
     deadline = time.monotonic() + grace_s
     while live_groups(groups) and time.monotonic() < deadline:
         time.sleep(0.05)

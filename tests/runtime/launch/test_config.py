@@ -12,6 +12,8 @@ from ringflow.errors import ConfigError
 from ringflow.launch.config import LaunchConfig, parse_launch_args
 from ringflow.launch.env import plan_endpoints, resolve_identity, worker_env
 
+pytestmark = pytest.mark.timeout(60)
+
 
 @pytest.fixture
 def script(tmp_path):

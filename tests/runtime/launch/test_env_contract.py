@@ -6,6 +6,8 @@ import pytest
 
 from ringflow.launch.env import cores_available
 
+pytestmark = pytest.mark.timeout(60)
+
 DUMP_ENV = """
     import json, os
     rank = os.environ["PADDLE_TRAINER_ID"]

@@ -13,6 +13,8 @@ import pytest
 
 from .conftest import wait_for
 
+pytestmark = pytest.mark.timeout(60)
+
 # A rank that records its pid and its child's, then waits: the victim of a stop.
 SLEEPER = """
     import json, os, signal, subprocess, sys, time
@@ -107,6 +109,26 @@ def test_a_rank_ignoring_sigterm_is_killed_after_the_grace(launcher):
     stubborn = done.result["ranks"][0]
     assert stubborn["signal"] == "SIGKILL" and stubborn["stopped_by_launcher"]
     assert done.result["failed_rank"] == 1
+
+
+@pytest.mark.multiproc
+def test_a_stopped_rank_gets_sigterm_delivered_not_held_until_the_grace_ends(launcher):
+    launcher.script("worker.py", """
+        import os, signal, sys, time
+        if os.environ["PADDLE_TRAINER_ID"] == "0":
+            with open("stopping", "w"):
+                pass
+            os.kill(os.getpid(), signal.SIGSTOP)  # a silent hang, as a debugger would leave it
+            time.sleep(1000)
+        while not os.path.exists("stopping"):
+            time.sleep(0.02)
+        time.sleep(0.2)
+        sys.exit(2)
+    """)
+    done = launcher.run("--nproc-per-host", "2", "worker.py")
+    assert done.returncode == 2
+    assert done.result["ranks"][0]["signal"] == "SIGTERM"
+    assert "sending SIGKILL" not in done.stdout
 
 
 @pytest.mark.multiproc

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+pytestmark = pytest.mark.timeout(60)
+
 CHATTY = """
     import os, sys
     rank = int(os.environ["PADDLE_TRAINER_ID"])
