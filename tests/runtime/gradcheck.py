@@ -1,6 +1,7 @@
 """Checking one op at a time, without append_backward: run its kernel, compare its
-inferred output metas with what the kernel produced, and compare the gradients its grad
-maker's ops compute with central finite differences in float64.
+inferred output metas with what the kernel produced (and ``verify`` the program), and
+compare the gradients its grad maker's ops compute with central finite differences in
+float64.
 
 ``check_grad`` builds [forward op, grad ops from ``get_op_def(type).grad(op, {})``], feeds
 random ``Out@GRAD`` for every output the grad ops read, and compares each ``X@GRAD`` with
@@ -16,6 +17,7 @@ import numpy as np
 from ringflow.executor import Executor, Scope
 from ringflow.framework.program import Program
 from ringflow.framework.registry import GRAD_SUFFIX, get_op_def, grad_var_name
+from ringflow.framework.verify import verify
 
 Arrays = Mapping[str, "np.ndarray | list[np.ndarray]"]
 
@@ -66,6 +68,7 @@ def forward(op_type: str, inputs: Arrays, attrs: Mapping | None = None,
     """Runs one op; returns slot -> output arrays. Also asserts that shape inference gave
     each output variable the shape and dtype the kernel produced."""
     program, op, feed = build(op_type, inputs, attrs, outputs)
+    verify(program)
     names = [n for ns in op.outputs.values() for n in ns]
     values = dict(zip(names, run_program(program, feed, names)))
     block = program.global_block()
@@ -96,10 +99,12 @@ def check_grad(op_type: str, inputs: Arrays, attrs: Mapping | None = None,
     for name in (n for ns in op.outputs.values() for n in ns):
         if any(grad_var_name(name) in ns for d in descs for ns in d.inputs.values()):
             var = block.var(name)
-            block.create_var(name=grad_var_name(name), shape=var.shape, dtype=var.dtype)
+            block.create_var(name=grad_var_name(name), shape=var.shape, dtype=var.dtype,
+                             is_data=True)
             douts[name] = rng.standard_normal(var.shape).astype(var.dtype)
     for d in descs:
         block.append_op(d.type, inputs=d.inputs, outputs=d.outputs, attrs=d.attrs)
+    verify(program)     # the grad ops' shape inference agrees with the variables
     if wrt is None:
         wrt = [s for s, v in inputs.items() if all(a.dtype.kind == "f" for a in _as_list(v))]
     names = {slot: op.inputs[slot] for slot in wrt}
