@@ -285,3 +285,25 @@ def test_gradients_default_target_gradient_is_ones_of_the_batch_shape(net):
     (got,) = rf.Executor().run(net.main, feed={"x": np.zeros((4, 2))}, fetch_list=[gx],
                                scope=rf.Scope())
     np.testing.assert_array_equal(got, np.full((4, 2), 3.0))
+
+
+def test_in_place_op_gradient_is_not_summed_with_the_later_version(net):
+    # h = x W; a = tanh(h); h = 2 h (in place); loss = mean(h + a): dh = 2 dc + tanh'(h) dc
+    x = rf.data("x", [-1, 3], F64)
+    w = create_parameter([3, 3], F64, attr="w")
+    h = net.op("matmul_v2", X=x, Y=w)
+    a = net.op("tanh", X=h)
+    net.block.append_op("scale", inputs={"X": h}, outputs={"Out": h}, attrs={"scale": 2.0})
+    loss = net.mean(net.op("elementwise_add", X=h, Y=a))
+    params_grads = rf.append_backward(loss)
+    scale_grad = next(op for op in net.block.ops[6:] if op.type == "scale")
+    assert scale_grad.input("X") == [f"{h.name}@GRAD"]
+    assert scale_grad.output("Out") == [f"{h.name}@GRAD@RENAME@0"]
+    scope = rf.Scope()
+    rf.Executor().run(rf.default_startup_program(), scope=scope)
+    xv = np.random.default_rng(5).normal(size=(2, 3))
+    (got,) = rf.Executor().run(net.main, feed={"x": xv}, fetch_list=[params_grads[0][1]],
+                               scope=scope)
+    dc = np.full((2, 3), 1 / 6)
+    dh = 2 * dc + (1 - np.tanh(xv @ scope["w"]) ** 2) * dc
+    np.testing.assert_allclose(got, xv.T @ dh, rtol=1e-12)
