@@ -34,6 +34,7 @@ TORCH_VENV = HERE / ".venv-torch"
 SHAPES = {"A": (1024, 256), "B": (4096, 64)}  # hidden, batch
 STEPS = {"A": (3, 12), "B": (2, 5)}            # warm-up, timed
 CONTENDERS = ("numpy", "ringflow", "torch", "torch-fused")
+QUIET = 0.15  # a run is quiet when other processes used < 15 % of the machine's CPUs
 LR, BETAS, EPS, DIN, NLAYERS, NCLS = 1e-3, (0.9, 0.999), 1e-8, 1024, 4, 10
 
 
@@ -323,8 +324,8 @@ def machine_description() -> str:
 def _agg(recs: list[dict]) -> tuple[float, int, int, float]:
     """Median of the per-run medians over quiet runs (other processes used < 15 % of the
     machine), or over all runs when none was quiet; (ms, n used, n runs, median load)."""
-    quiet = [r for r in recs if r["foreign"] < 0.15] or recs
-    med = statistics.median(statistics.median(r["step_ms"]) for r in quiet)
+    quiet = [r for r in recs if r["foreign"] < QUIET]
+    med = statistics.median(statistics.median(r["step_ms"]) for r in quiet or recs)
     return med, len(quiet), len(recs), statistics.median(r["foreign"] for r in recs)
 
 
@@ -337,6 +338,10 @@ def render(records: list[dict], meta: dict) -> str:
     lines = [f"Measured {meta['date']} on {meta['machine']}; {meta['rounds']} interleaved "
              f"rounds; /proc/loadavg before and after each round: "
              f"{', '.join('/'.join(x) for x in meta['loadavg'])}.", "",
+             "Step time = median over runs of each run's median step; only quiet runs (other "
+             f"processes used < {QUIET:.0%} of the CPUs) count, * = no quiet run, all runs "
+             "used. Other load = median share of the CPUs other processes used during a run.",
+             "",
              f"| shape | contender | {head} | quiet runs | other load |",
              "|---|---|" + "---:|---:|" * len(threads) + "---:|---:|"]
     for shape, (hidden, batch) in SHAPES.items():
@@ -350,7 +355,7 @@ def render(records: list[dict], meta: dict) -> str:
                 ms, nq, n, fl = _agg(recs)
                 floor = groups.get((shape, "numpy", t))
                 ratio = f"{ms / _agg(floor)[0]:.2f}x" if floor else ""
-                cells.append(f"{ms:.1f} | {ratio}")
+                cells.append(f"{ms:.1f}{'' if nq else '*'} | {ratio}")
                 quiet.append(f"{nq}/{n}")
                 load.append(f"{fl:.2f}")
             if quiet:
