@@ -91,26 +91,14 @@ def check_grad(op_type: str, inputs: Arrays, attrs: Mapping | None = None,
     """Asserts that the grad ops' gradients of the ``wrt`` input slots (default: every
     float input) match central differences; returns them (slot -> arrays)."""
     program, op, feed = build(op_type, inputs, attrs, outputs)
-    block = program.global_block()
-    descs = get_op_def(op_type).grad(op, frozenset())
-    assert descs, f"{op_type}: the grad maker made no grad op"
-    rng = np.random.default_rng(seed)
-    douts = {}
-    for name in (n for ns in op.outputs.values() for n in ns):
-        if any(grad_var_name(name) in ns for d in descs for ns in d.inputs.values()):
-            var = block.var(name)
-            block.create_var(name=grad_var_name(name), shape=var.shape, dtype=var.dtype,
-                             is_data=True)
-            douts[name] = rng.standard_normal(var.shape).astype(var.dtype)
-    for d in descs:
-        block.append_op(d.type, inputs=d.inputs, outputs=d.outputs, attrs=d.attrs)
-    verify(program)     # the grad ops' shape inference agrees with the variables
+    douts = _append_grad_ops(program, op, np.random.default_rng(seed))
     if wrt is None:
         wrt = [s for s, v in inputs.items() if all(a.dtype.kind == "f" for a in _as_list(v))]
     names = {slot: op.inputs[slot] for slot in wrt}
     fetch = [grad_var_name(n) for ns in names.values() for n in ns]
     grad_feed = {**feed, **{grad_var_name(k): v for k, v in douts.items()}}
     analytic = dict(zip(fetch, run_program(program, grad_feed, fetch)))
+    block = program.global_block()
     fwd_program, _, _ = build(op_type, inputs, attrs, outputs)
     result = {}
     for slot, ns in names.items():
@@ -126,6 +114,25 @@ def check_grad(op_type: str, inputs: Arrays, attrs: Mapping | None = None,
                                        err_msg=f"{op_type}: gradient of {slot} ({n})")
             result[slot].append(got)
     return result
+
+
+def _append_grad_ops(program: Program, op, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """Appends the grad maker's ops after ``op``; returns a random gradient for each output
+    whose gradient they read (forward output name -> array), declared as fed data."""
+    block = program.global_block()
+    descs = get_op_def(op.type).grad(op, frozenset())
+    assert descs, f"{op.type}: the grad maker made no grad op"
+    douts = {}
+    for name in (n for ns in op.outputs.values() for n in ns):
+        if any(grad_var_name(name) in ns for d in descs for ns in d.inputs.values()):
+            var = block.var(name)
+            block.create_var(name=grad_var_name(name), shape=var.shape, dtype=var.dtype,
+                             is_data=True)
+            douts[name] = rng.standard_normal(var.shape).astype(var.dtype)
+    for d in descs:
+        block.append_op(d.type, inputs=d.inputs, outputs=d.outputs, attrs=d.attrs)
+    verify(program)     # the grad ops' shape inference agrees with the variables
+    return douts
 
 
 def _numeric_grad(program: Program, feed: Mapping, name: str, douts, eps: float) -> np.ndarray:
