@@ -67,3 +67,23 @@ def test_every_optimizer_lowers_the_loss(make):
                             scope=scope)[0].reshape(-1)[0]) for _ in range(30)]
     assert np.isfinite(losses).all()
     assert losses[-1] < 0.8 * losses[0]
+
+
+def test_parameters_argument_limits_which_parameters_are_updated():
+    main, startup = rf.Program(), rf.Program()
+    with rf.program_guard(main, startup):
+        x = rf.data("x", shape=[-1, 2], dtype="float32")
+        y = rf.data("y", shape=[-1], dtype="int64")
+        h = rf.nn.fc(x, 4, activation="relu")
+        loss = rf.nn.mean(rf.nn.softmax_with_cross_entropy(rf.nn.fc(h, 3), y))
+        first = main.all_parameters()[0]
+        ops, params_grads = rf.optimizer.SGD(0.1, parameters=[first]).minimize(loss)
+    assert [op.input("Param") for op in ops] == [[first.name]]
+    assert [p.name for p, _ in params_grads] == [first.name]
+    scope, exe = rf.Scope(), rf.Executor()
+    exe.run(startup, scope=scope)
+    before = {p.name: scope[p.name].copy() for p in main.all_parameters()}
+    xb, yb = demo.spiral(n_per_class=4)
+    exe.run(main, feed={"x": xb, "y": yb}, scope=scope)
+    changed = [n for n, v in before.items() if not np.array_equal(v, scope[n])]
+    assert changed == [first.name]

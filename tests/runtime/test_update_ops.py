@@ -222,3 +222,22 @@ def test_profiling_executor_counts_calls_and_time_per_op_type():
     exe.reset_profile()
     assert exe.profile_stats() == {}
     assert Executor().profile_stats() == {}  # off by default: nothing recorded
+
+
+def test_squared_l2_norm_grad_matches_finite_differences():
+    x = np.random.default_rng(4).standard_normal((3, 2))
+    prog = Program()
+    block = prog.global_block()
+    block.create_var(name="x", shape=(3, 2), dtype="float64")
+    block.create_var(name="sq@GRAD", shape=(1,), dtype="float64")
+    block.append_op("squared_l2_norm_grad", inputs={"X": "x", "Out@GRAD": "sq@GRAD"},
+                    outputs={"X@GRAD": "x@GRAD"})
+    scope = Scope()
+    Executor().run(prog, feed={"x": x, "sq@GRAD": np.array([0.7])}, scope=scope)
+    eps, numeric = 1e-6, np.empty_like(x)
+    for i in np.ndindex(x.shape):
+        up, down = x.copy(), x.copy()
+        up[i] += eps
+        down[i] -= eps
+        numeric[i] = 0.7 * (np.sum(up * up) - np.sum(down * down)) / (2 * eps)
+    np.testing.assert_allclose(scope["x@GRAD"], numeric, rtol=1e-5)
