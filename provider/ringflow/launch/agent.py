@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -51,11 +52,47 @@ class Worker:
     log_path: Path
     pump: LogPump | None = None
     returncode: int | None = None
+    ended_at: float | None = None  # unix time its exit was seen, to order failures
     stopped: bool = False
+    pidfd: int | None = None  # readable once the process exits (Linux >= 5.3)
 
     @property
     def pgid(self) -> int:
         return self.proc.pid
+
+    def check_exit(self) -> bool:
+        """Record the exit status once the process ended (without reaping it)."""
+        if self.returncode is None:
+            self.returncode = exit_status(self.proc.pid)
+            if self.returncode is not None:
+                self.ended_at = round(time.time(), 3)
+        return self.returncode is not None
+
+
+class ExitWaiter:
+    """Sleeps until a worker exits or a timeout passes, so exits are seen in the order they
+    happen (the first failure is the root cause), not in rank order once per poll."""
+
+    def __init__(self, workers: list[Worker]) -> None:
+        self._workers = workers
+        self._poll = select.poll()
+        self._by_fd = {w.pidfd: w for w in workers if w.pidfd is not None}
+        for fd in self._by_fd:
+            self._poll.register(fd, select.POLLIN)
+
+    def ended(self, timeout_s: float) -> list[Worker]:
+        """Workers whose exit was first seen in this call, earliest first."""
+        if self._by_fd:
+            events = self._poll.poll(timeout_s * 1000)
+        else:
+            time.sleep(timeout_s)
+            events = []
+        first = [self._by_fd[fd] for fd, _ in events if fd in self._by_fd]
+        for fd, _ in events:
+            self._poll.unregister(fd)
+            self._by_fd.pop(fd, None)
+        ended = [w for w in first if w.returncode is None and w.check_exit()]
+        return ended + [w for w in self._workers if w.returncode is None and w.check_exit()]
 
 
 @dataclass(frozen=True)
@@ -169,31 +206,26 @@ class Agent:
             raise LaunchError(f"cannot start rank {rank} (local rank {local_rank}) on host "
                               f"{self.config.host}: {argv[0]}: {exc}") from exc
         log_path = self.config.log_dir / f"workerlog.{rank}"
-        self.workers.append(Worker(local_rank, rank, proc, log_path))
+        self.workers.append(Worker(local_rank, rank, proc, log_path, pidfd=_pidfd(proc.pid)))
         assert self._watchdog is not None
         self._watchdog.watch_group(proc.pid)
 
     # -- watch ---------------------------------------------------------------------------
 
     def _watch(self, trap: SignalTrap) -> Cause:
+        waiter = ExitWaiter(self.workers)
         last_sweep = time.monotonic()
         while True:
             if trap.received:
                 return self._signal_cause(trap.received[0])
-            pending = False
-            for w in self.workers:
-                if w.returncode is None:
-                    w.returncode = exit_status(w.proc.pid)
-                if w.returncode is None:
-                    pending = True
-                elif w.returncode != 0:
+            for w in waiter.ended(POLL_S):
+                if w.returncode != 0:
                     return self._failure_cause(w)
-            if not pending:
+            if all(w.returncode is not None for w in self.workers):
                 return Cause("succeeded", 0, f"all {len(self.workers)} ranks exited 0")
             if time.monotonic() - last_sweep > ORPHAN_SWEEP_S:
                 reap_orphans(self._own_pids())
                 last_sweep = time.monotonic()
-            time.sleep(POLL_S)
 
     def _failure_cause(self, w: Worker) -> Cause:
         code, how = describe_returncode(w.returncode)
@@ -221,9 +253,7 @@ class Agent:
         for every group to empty; returns the groups that would not die."""
         groups = [w.pgid for w in self.workers]
         for w in self.workers:
-            if w.returncode is None:
-                w.returncode = exit_status(w.proc.pid)
-                w.stopped = w.returncode is None
+            w.stopped = not w.check_exit()
             terminate_group(w.pgid)  # also reaches an exited rank's children
         signals_before = len(trap.received)
         deadline = time.monotonic() + self.config.grace_s
@@ -269,7 +299,10 @@ class Agent:
             except subprocess.TimeoutExpired:
                 continue
             if w.returncode is None:
-                w.returncode = w.proc.returncode
+                w.returncode, w.ended_at = w.proc.returncode, round(time.time(), 3)
+            if w.pidfd is not None:
+                os.close(w.pidfd)
+                w.pidfd = None
         reap_orphans(self._own_pids())
         return leftovers
 
@@ -320,7 +353,14 @@ def _rank_result(w: Worker) -> RankResult:
                 sig = f"signal {-w.returncode}"
     return RankResult(rank=w.rank, local_rank=w.local_rank, pid=w.proc.pid,
                       returncode=w.returncode, exit_code=code, signal=sig,
-                      stopped_by_launcher=w.stopped)
+                      ended_at=w.ended_at, stopped_by_launcher=w.stopped)
+
+
+def _pidfd(pid: int) -> int | None:
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):  # Python < 3.9 or Linux < 5.3: plain polling
+        return None
 
 
 def _environ_entries(pid: int) -> list[bytes]:

@@ -21,6 +21,7 @@ class RankResult:
     returncode: int | None  # Popen style: -N for signal N; None if it never ended
     exit_code: int | None  # shell style: 128+N for signal N
     signal: str | None  # e.g. "SIGKILL" when a signal ended it
+    ended_at: float | None  # unix time the launcher saw it exit
     stopped_by_launcher: bool  # still running when the launcher began stopping the job
 
 

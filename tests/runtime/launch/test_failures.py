@@ -95,6 +95,28 @@ def test_a_rank_killed_by_a_signal_makes_the_launcher_exit_128_plus_the_signal(l
 
 
 @pytest.mark.multiproc
+def test_the_first_failure_is_the_root_cause_and_later_failures_are_listed(launcher):
+    launcher.script("worker.py", """
+        import os, signal, sys, time
+        if os.environ["PADDLE_TRAINER_ID"] == "0":
+            # fails as a consequence, like a rank whose peer vanished
+            signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
+            open("armed", "w").close()
+            time.sleep(1000)
+        while not os.path.exists("armed"):
+            time.sleep(0.02)
+        os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    done = launcher.run("--nproc-per-host", "2", "worker.py")
+    assert done.returncode == 137
+    assert done.result["failed_rank"] == 1
+    first, second = done.result["ranks"]
+    assert (first["exit_code"], first["signal"]) == (1, None)
+    assert (second["exit_code"], second["signal"]) == (137, "SIGKILL")
+    assert second["ended_at"] <= first["ended_at"]
+
+
+@pytest.mark.multiproc
 @pytest.mark.slow
 def test_a_rank_ignoring_sigterm_is_killed_after_the_grace(launcher):
     sleeper_unless(launcher, 1, """
@@ -170,6 +192,8 @@ def test_shm_segments_of_the_job_are_removed_when_it_ends_and_no_others(launcher
             job = os.environ["RINGFLOW_JOB_ID"]
             with open(f"/dev/shm/ringflow-{{job}}-seg{{rank}}", "wb") as f:
                 f.write(b"x" * 4096)
+            while not all(os.path.exists(f"/dev/shm/ringflow-{{job}}-seg{{r}}") for r in "01"):
+                pass  # both crash with their segment made
             sys.exit({code})
         """)
         done = launcher.run("--nproc-per-host", "2", "leaky.py")
