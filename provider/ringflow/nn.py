@@ -187,16 +187,33 @@ def softmax_with_cross_entropy(logits: Variable, label: Variable, soft_label: bo
 
 def cross_entropy(input: Variable, label: Variable, soft_label: bool = False,
                   ignore_index: int = -100, reduction: str = "mean", axis: int = -1) -> Variable:
-    """``softmax_with_cross_entropy`` reduced by ``reduction`` ("mean", "sum", "none").
-    "mean" divides by the number of rows, ignored rows included (Paddle divides by the
-    rows not ignored)."""
+    """``softmax_with_cross_entropy`` reduced by ``reduction`` ("mean", "sum", "none"); with
+    hard labels "mean" divides by the number of rows not ignored (0 rows: the loss is 0), as
+    Paddle does."""
+    if reduction not in ("mean", "sum", "none"):
+        raise ProgramError(f"cross_entropy: reduction must be mean, sum or none, got "
+                           f"{reduction!r}")
     loss = softmax_with_cross_entropy(input, label, soft_label, ignore_index, axis)
     if reduction == "none":
         return loss
-    if reduction not in ("mean", "sum"):
-        raise ProgramError(f"cross_entropy: reduction must be mean, sum or none, got "
-                           f"{reduction!r}")
-    return _op(f"reduce_{reduction}", {"X": [loss]}, {"reduce_all": True})
+    if reduction == "mean" and soft_label:
+        return mean(loss)
+    total = _op("reduce_sum", {"X": [loss]}, {"reduce_all": True})
+    if reduction == "sum":
+        return total
+    ignored = _constant([1], label.dtype, ignore_index)
+    kept = cast(_op("not_equal", {"X": [label], "Y": [ignored]}), loss.dtype)
+    count = maximum(_op("reduce_sum", {"X": [kept]}, {"reduce_all": True}),
+                    _constant([1], loss.dtype, 1.0))
+    count.stop_gradient = True
+    return divide(total, count)
+
+
+def _constant(shape: list[int], dtype: Any, value: float) -> Variable:
+    out = _op("fill_constant", {}, {"shape": shape, "dtype": np.dtype(dtype).name,
+                                    "value": float(value)})
+    out.stop_gradient = True
+    return out
 
 
 def mean(x: Variable, name: str | None = None) -> Variable:

@@ -166,3 +166,33 @@ def test_fc_gradients_through_append_backward_match_numpy(programs):
     p[np.arange(5), yb] -= 1
     np.testing.assert_allclose(gw_v, xb.T @ p / 5, rtol=1e-10)
     np.testing.assert_allclose(gb_v, p.sum(0) / 5, rtol=1e-10)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_cross_entropy_reductions_skip_ignored_rows(programs, reduction):
+    main, startup = programs
+    logits = rf.data("logits", [-1, 3], dtype="float64")
+    label = rf.data("label", [-1, 1], dtype="int64")
+    out = rf.nn.cross_entropy(logits, label, ignore_index=-1, reduction=reduction)
+    lb, yb = rng.standard_normal((4, 3)), np.array([[0], [-1], [2], [1]])
+    (got,), _ = _run(main, startup, {"logits": lb, "label": yb}, [out])
+    log_sm = lb - np.log(np.exp(lb).sum(1, keepdims=True))
+    rows = -log_sm[[0, 2, 3], yb[[0, 2, 3], 0]]
+    expected = {"mean": [rows.mean()], "sum": [rows.sum()],
+                "none": np.insert(rows, 1, 0.0)[:, None]}[reduction]
+    np.testing.assert_allclose(got, expected, rtol=1e-12)
+
+
+def test_cross_entropy_mean_gradient_divides_by_kept_rows(programs):
+    main, startup = programs
+    logits = rf.data("logits", [-1, 3], dtype="float64")
+    logits.stop_gradient = False
+    label = rf.data("label", [-1], dtype="int64")
+    loss = rf.nn.cross_entropy(logits, label, ignore_index=-1)
+    (grad,) = rf.gradients([loss], [logits])
+    lb, yb = rng.standard_normal((3, 3)), np.array([2, -1, 0])
+    (got,), _ = _run(main, startup, {"logits": lb, "label": yb}, [grad])
+    p = np.exp(lb) / np.exp(lb).sum(1, keepdims=True)
+    p[[0, 2], [2, 0]] -= 1
+    p[1] = 0
+    np.testing.assert_allclose(got, p / 2, rtol=1e-10)

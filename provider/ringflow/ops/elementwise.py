@@ -18,7 +18,7 @@ from ._shapes import aligned_y_shape, broadcast_shapes, like_inputs
 GradFn = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray], object]
 
 
-def _aligned(x_shape, y_shape, axis: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+def aligned_shapes(x_shape, y_shape, axis: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """Both shapes padded to one rank by Paddle's rule (see the module docstring)."""
     if len(x_shape) >= len(y_shape):
         return tuple(x_shape), aligned_y_shape(x_shape, y_shape, axis)
@@ -26,14 +26,14 @@ def _aligned(x_shape, y_shape, axis: int) -> tuple[tuple[int, ...], tuple[int, .
 
 
 def _infer(ctx) -> None:
-    xs, ys = _aligned(ctx.input_shape("X"), ctx.input_shape("Y"), int(ctx.attr("axis")))
+    xs, ys = aligned_shapes(ctx.input_shape("X"), ctx.input_shape("Y"), int(ctx.attr("axis")))
     shape = broadcast_shapes(xs, ys, f"op {ctx.op.type!r} (X {list(xs)}, Y {list(ys)})")
     ctx.set_output("Out", shape, ctx.input_dtype("X"))
 
 
 def _inputs(ctx) -> tuple[np.ndarray, np.ndarray]:
     x, y = ctx.input("X"), ctx.input("Y")
-    xs, ys = _aligned(x.shape, y.shape, int(ctx.attr("axis")))
+    xs, ys = aligned_shapes(x.shape, y.shape, int(ctx.attr("axis")))
     return x.reshape(xs), y.reshape(ys)
 
 
