@@ -1,0 +1,136 @@
+"""PopRun command composition: pure functions from a PopRunConfig to poprun's argv.
+
+The argv equals, token for token, what Paddle's IPUController shell string delivers to
+`poprun` after shell word-splitting (reference 5.5); the string for a remote shell is that
+argv quoted token by token, so no field value can add a shell command. No Airflow import.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from pydantic import ValidationError
+
+from ringflow.errors import ConfigError
+from ringflow_provider.models import FIELD_NAMES, PopRunConfig, validate_field
+
+__all__ = [
+    "FIELD_NAMES",
+    "PopRunConfig",
+    "build_poprun_argv",
+    "config_error_message",
+    "mask_argv",
+    "parse_config",
+    "render_poprun_command",
+    "secret_values",
+    "validate_field",
+]
+
+MASK = "***"
+
+
+def _yes_no(flag: bool) -> str:
+    return "yes" if flag else "no"
+
+
+def _endpoints(config: PopRunConfig) -> list[str]:
+    # One endpoint per HOST, as the seed composes them (not one per instance).
+    return [f"{host}:{config.endpoint_port}" for host in config.hosts]
+
+
+def _mpi_local_args(config: PopRunConfig, endpoints: list[str]) -> str:
+    exports = []
+    if config.popart_log_level:
+        exports.append(f"POPART_LOG_LEVEL={config.popart_log_level}")
+    exports.append(f"PADDLE_TRAINERS_NUM={config.num_instances}")
+    exports.append(f"PADDLE_TRAINER_ENDPOINTS={','.join(endpoints)}")
+    exports.extend(f"{name}={value}" for name, value in (config.extra_env or {}).items())
+    return " ".join(f"-x {item}" for item in exports)
+
+
+def _instance_args(config: PopRunConfig, endpoints: list[str]) -> list[str]:
+    """One `--instance-mpi-local-args` per instance; instances fill hosts in contiguous blocks."""
+    out = []
+    for idx in range(config.num_instances):
+        endpoint = endpoints[idx // config.nproc_per_host]
+        rank_in_node = idx % config.nproc_per_host
+        out.append(
+            f"--instance-mpi-local-args={idx}:-x PADDLE_TRAINER_ID={idx} "
+            f"-x PADDLE_CURRENT_ENDPOINT={endpoint} -x PADDLE_RANK_IN_NODE={rank_in_node}"
+        )
+    return out
+
+
+def build_poprun_argv(config: PopRunConfig) -> list[str]:
+    """poprun's argv (argv[0] is the executable), in the seed's flag order."""
+    endpoints = _endpoints(config)
+    argv = [
+        config.poprun,
+        f"--num-instances={config.num_instances}",
+        f"--num-replicas={config.num_replicas}",
+        f"--ipus-per-replica={config.ipus_per_replica}",
+        f"--host={','.join(config.hosts)}",
+        f"--vipu-partition={config.ipu_partition}",
+        f"--vipu-server-host={config.vipu_server}",
+        f"--update-partition={_yes_no(config.update_partition)}",
+        f"--vipu-server-timeout={config.vipu_server_timeout}",
+        f"--print-topology={_yes_no(config.print_topology)}",
+        f"--numa-aware={_yes_no(config.numa_aware)}",
+    ]
+    if config.mpi_global_args:
+        argv.append(f"--mpi-global-args={' '.join(config.mpi_global_args)}")
+    argv.append(f"--mpi-local-args={_mpi_local_args(config, endpoints)}")
+    argv.extend(_instance_args(config, endpoints))
+    argv.extend(config.extra_poprun_args or [])
+    argv.append(config.python)
+    argv.append(config.training_script)
+    argv.extend(config.training_script_args)
+    return argv
+
+
+def render_poprun_command(config: PopRunConfig) -> str:
+    """The argv as one POSIX shell string: `shlex.split(result) == build_poprun_argv(config)`."""
+    return shlex.join(build_poprun_argv(config))
+
+
+def secret_values(config: PopRunConfig, extra: Iterable[str | None] = ()) -> list[str]:
+    """Values to mask: extra_env values under secret-looking names, plus `extra` (passwords)."""
+    env = config.extra_env or {}
+    values = [env[name] for name in config.secret_env_names()] + [v for v in extra if v]
+    # Longest first, so a secret that contains another is masked whole.
+    return sorted({v for v in values if v}, key=len, reverse=True)
+
+
+def mask_argv(argv: list[str], secrets: Iterable[str]) -> list[str]:
+    """argv with every occurrence of every secret replaced by ***."""
+    secrets = [s for s in secrets if s]
+    masked = []
+    for token in argv:
+        for secret in secrets:
+            token = token.replace(secret, MASK)
+        masked.append(token)
+    return masked
+
+
+def config_error_message(exc: ValidationError) -> str:
+    """One line per failing field: where, what was expected, what came."""
+    lines = []
+    for err in exc.errors():
+        where = ".".join(str(part) for part in err["loc"]) or "PopRunConfig"
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = "unknown argument"
+        got = err.get("input")
+        detail = f" (got {got!r})" if err["type"] not in ("value_error",) else ""
+        lines.append(f"{where}: {msg}{detail}")
+    return "invalid PopRun configuration: " + "; ".join(lines)
+
+
+def parse_config(values: Mapping[str, Any]) -> PopRunConfig:
+    """Validate a mapping into a PopRunConfig, raising ConfigError with a readable message."""
+    try:
+        return PopRunConfig.model_validate(dict(values))
+    except ValidationError as exc:
+        raise ConfigError(config_error_message(exc)) from None

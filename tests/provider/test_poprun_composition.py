@@ -1,0 +1,249 @@
+"""PopRun composition: argv equal to the seed's shell string, quoting, and every validation rule."""
+
+from __future__ import annotations
+
+import shlex
+
+import pytest
+
+from ringflow.errors import ConfigError
+from ringflow_provider.poprun import (
+    build_poprun_argv,
+    mask_argv,
+    parse_config,
+    render_poprun_command,
+    secret_values,
+    validate_field,
+)
+
+SEED_PYTHON = "/opt/venv/bin/python3"  # stands for the seed's sys.executable
+
+
+def seed_shell_string(hosts, nproc, ipus_per_replica, num_ipus, partition, server, script, args,
+                      log_level=None):
+    """The seed IPUController's algorithm (reference 5.5), re-stated to produce its string."""
+    num_replicas = num_ipus // ipus_per_replica
+    num_procs = len(hosts.split(",")) * nproc
+    host_list = hosts.replace(" ", "").split(",")
+    endpoints = [h + ":8090" for h in host_list]
+    cmd = [
+        f"--num-instances={num_procs}",
+        f"--num-replicas={num_replicas}",
+        f"--ipus-per-replica={ipus_per_replica}",
+        "--host=" + ",".join(host_list),
+        f"--vipu-partition={partition}",
+        f"--vipu-server-host={server}",
+        "--update-partition=no",
+        "--vipu-server-timeout=120",
+        "--print-topology=yes",
+        "--numa-aware=yes",
+    ]
+    global_envs = "--mpi-local-args='"
+    if log_level:
+        global_envs += f"-x POPART_LOG_LEVEL={log_level} "
+    global_envs += f"-x PADDLE_TRAINERS_NUM={num_procs} -x PADDLE_TRAINER_ENDPOINTS="
+    global_envs += ",".join(endpoints) + "'"
+    cmd.append(global_envs)
+    for idx in range(num_procs):
+        cmd.append(
+            f'--instance-mpi-local-args={idx}:"-x PADDLE_TRAINER_ID={idx} '
+            f"-x PADDLE_CURRENT_ENDPOINT={endpoints[idx // nproc]} "
+            f'-x PADDLE_RANK_IN_NODE={idx % nproc}"'
+        )
+    cmd += [SEED_PYTHON, script, *args]
+    return " ".join(["poprun", *cmd])
+
+
+def config(**overrides):
+    values = dict(
+        hosts="node1",
+        nproc_per_host=1,
+        ipus_per_replica=1,
+        num_ipus=4,
+        ipu_partition="pod16",
+        vipu_server="10.1.2.3",
+        training_script="train.py",
+    )
+    values.update(overrides)
+    return parse_config(values)
+
+
+SEED_CASES = [
+    # hosts, nproc_per_host, ipus_per_replica, num_ipus, script args, log level
+    ("localhost", 2, 1, 4, [], None),
+    ("localhost", 2, 1, 4, ["--epochs", "3"], "INFO"),
+    ("node1,node2", 1, 2, 8, ["--lr=0.1"], None),
+    ("node1, node2", 2, 1, 16, [], "DEBUG"),
+    ("a.example.com,b.example.com,10.0.0.7", 2, 4, 48, ["x", "y"], "WARN"),
+    ("n1,n2,n3,n4", 4, 1, 16, [], None),
+]
+
+
+@pytest.mark.parametrize(("hosts", "nproc", "ipr", "num_ipus", "args", "level"), SEED_CASES)
+def test_argv_equals_the_seed_shell_string_after_word_splitting(hosts, nproc, ipr, num_ipus,
+                                                                 args, level):
+    seed = seed_shell_string(hosts, nproc, ipr, num_ipus, "pod64", "vipu.local", "train.py",
+                             args, level)
+    cfg = config(hosts=hosts, nproc_per_host=nproc, ipus_per_replica=ipr, num_ipus=num_ipus,
+                 ipu_partition="pod64", vipu_server="vipu.local", training_script="train.py",
+                 training_script_args=args, popart_log_level=level, python=SEED_PYTHON)
+    assert build_poprun_argv(cfg) == shlex.split(seed)
+
+
+def test_argv_of_the_documented_example_literally():
+    cfg = config(hosts="localhost", nproc_per_host=2, num_ipus=4, ipu_partition="pod16",
+                 vipu_server="127.0.0.1")
+    assert build_poprun_argv(cfg) == [
+        "poprun", "--num-instances=2", "--num-replicas=4", "--ipus-per-replica=1",
+        "--host=localhost", "--vipu-partition=pod16", "--vipu-server-host=127.0.0.1",
+        "--update-partition=no", "--vipu-server-timeout=120", "--print-topology=yes",
+        "--numa-aware=yes",
+        "--mpi-local-args=-x PADDLE_TRAINERS_NUM=2 -x PADDLE_TRAINER_ENDPOINTS=localhost:8090",
+        "--instance-mpi-local-args=0:-x PADDLE_TRAINER_ID=0 "
+        "-x PADDLE_CURRENT_ENDPOINT=localhost:8090 -x PADDLE_RANK_IN_NODE=0",
+        "--instance-mpi-local-args=1:-x PADDLE_TRAINER_ID=1 "
+        "-x PADDLE_CURRENT_ENDPOINT=localhost:8090 -x PADDLE_RANK_IN_NODE=1",
+        "python3", "train.py",
+    ]
+
+
+def test_options_beyond_the_seed_take_their_places():
+    cfg = config(update_partition=True, vipu_server_timeout=30, print_topology=False,
+                 numa_aware=False, endpoint_port=9000, mpi_global_args=["--tag-output"],
+                 extra_poprun_args=["--executable-cache-path=/tmp/c", "-v"],
+                 extra_env={"FOO": "bar"}, poprun="/opt/poplar/bin/poprun", python="python3.11")
+    argv = build_poprun_argv(cfg)
+    assert argv[0] == "/opt/poplar/bin/poprun"
+    assert argv[7:11] == ["--update-partition=yes", "--vipu-server-timeout=30",
+                          "--print-topology=no", "--numa-aware=no"]
+    assert argv[11] == "--mpi-global-args=--tag-output"
+    assert argv[12] == ("--mpi-local-args=-x PADDLE_TRAINERS_NUM=1 "
+                        "-x PADDLE_TRAINER_ENDPOINTS=node1:9000 -x FOO=bar")
+    assert argv[-4:] == ["--executable-cache-path=/tmp/c", "-v", "python3.11", "train.py"]
+
+
+HOSTILE = [
+    "it's", 'say "hi"', "$(touch /tmp/pwned)", "`id`", "a; rm -rf /", "line1\nline2",
+    "*", "~root", "&& echo x", "back\\slash", "tab\there", "", " lead", "${HOME}", "a|b", "#c",
+]
+
+
+@pytest.mark.parametrize("hostile", HOSTILE)
+def test_rendered_command_splits_back_to_the_argv_for_hostile_strings(hostile):
+    flat = hostile.replace("\n", " ").replace("\t", " ")  # single-line fields refuse controls
+    cfg = config(training_script=f"dir/{flat}.py", training_script_args=[hostile, "-x", hostile],
+                 ipu_partition=f"p{flat}", vipu_server=f"s{flat}", python=f"py{flat}")
+    command = render_poprun_command(cfg)
+    assert shlex.split(command) == build_poprun_argv(cfg)
+
+
+def test_rendered_command_runs_as_exactly_the_argv_in_a_real_shell(tmp_path):
+    import subprocess
+    import sys
+
+    cfg = config(training_script_args=[*HOSTILE, "$(touch pwned)"],
+                 poprun=sys.executable, python="-c")
+    # Replace poprun by python printing its argv: what the shell delivers is what we built.
+    argv = build_poprun_argv(cfg)
+    printer = "import json,sys; print(json.dumps(sys.argv[1:]))"
+    command = shlex.join([sys.executable, "-c", printer, *argv[1:]])
+    out = subprocess.run(["sh", "-c", command], cwd=tmp_path, capture_output=True, text=True,
+                         check=True, timeout=30)
+    import json
+
+    assert json.loads(out.stdout) == argv[1:]
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_list_and_dict_fields_accept_the_json_text_a_template_renders():
+    cfg = config(hosts='["n1", "n2"]', nproc_per_host="2", num_ipus="8",
+                 training_script_args='["--lr", "0.1"]', extra_env='{"A": "1"}',
+                 mpi_global_args='["--bind-to", "none"]', extra_poprun_args='["-v"]',
+                 update_partition="True", popart_log_level="None")
+    assert cfg.hosts == ["n1", "n2"]
+    assert cfg.nproc_per_host == 2
+    assert cfg.training_script_args == ["--lr", "0.1"]
+    assert cfg.extra_env == {"A": "1"}
+    assert cfg.mpi_global_args == ["--bind-to", "none"]
+    assert cfg.extra_poprun_args == ["-v"]
+    assert cfg.update_partition is True
+    assert cfg.popart_log_level is None
+
+
+def test_hosts_are_stripped_around_names_from_a_string_or_a_list():
+    assert config(hosts=" n1 ,n2 ").hosts == ["n1", "n2"]
+    assert config(hosts=[" n1", "n2 "]).hosts == ["n1", "n2"]
+
+
+def test_secret_env_values_are_masked_in_the_argv():
+    cfg = config(extra_env={"API_TOKEN": "tok123", "DB_PASSWORD": "pw", "MY_KEY": "k9",
+                            "my_secret_x": "s1", "PLAIN": "visible"})
+    masked = mask_argv(build_poprun_argv(cfg), secret_values(cfg, ["connpw"]))
+    local = next(a for a in masked if a.startswith("--mpi-local-args="))
+    assert local.endswith("-x API_TOKEN=*** -x DB_PASSWORD=*** -x MY_KEY=*** "
+                          "-x my_secret_x=*** -x PLAIN=visible")
+    assert sorted(secret_values(cfg, ["connpw", None])) == ["connpw", "k9", "pw", "s1", "tok123"]
+
+
+BASE = dict(hosts="n1", nproc_per_host=1, ipus_per_replica=1, num_ipus=4, ipu_partition="p",
+            vipu_server="s", training_script="t.py")
+
+INVALID = [
+    (dict(num_ipus=6, ipus_per_replica=4), "num_ipus=6 is not divisible by ipus_per_replica=4"),
+    (dict(hosts="a,b", num_ipus=3), "num_replicas=3 (num_ipus 3 / ipus_per_replica 1) is not "
+                                    "divisible by num_instances=2"),
+    (dict(hosts="a,,b"), "empty host name (a doubled, leading or trailing comma?) in hosts 'a,,b'"),
+    (dict(hosts="a,b,"), "in hosts 'a,b,'"),
+    (dict(hosts=""), "empty host name"),
+    (dict(hosts=[]), "hosts: expected at least one host, got none"),
+    (dict(hosts="n1,n2,n1"), "host 'n1' appears more than once in 'n1,n2,n1'"),
+    (dict(hosts="host a"), "host 'host a' is not a hostname or IPv4 address"),
+    (dict(hosts="user@n1"), "host 'user@n1' is not a hostname or IPv4 address"),
+    (dict(hosts="n1:22"), "host 'n1:22' is not a hostname or IPv4 address"),
+    (dict(hosts="-oProxyCommand=x"), "host '-oProxyCommand=x' is not a hostname"),
+    (dict(hosts="n1;id"), "host 'n1;id' is not a hostname"),
+    (dict(hosts="fe80::1"), "host 'fe80::1': IPv6 addresses cannot form host:port endpoints"),
+    (dict(nproc_per_host=0), "nproc_per_host: Input should be greater than or equal to 1 (got 0)"),
+    (dict(ipus_per_replica=-1), "ipus_per_replica: Input should be greater than or equal to 1"),
+    (dict(num_ipus=0), "num_ipus: Input should be greater than or equal to 1 (got 0)"),
+    (dict(vipu_server_timeout=0), "vipu_server_timeout: Input should be greater than or equal"),
+    (dict(endpoint_port=70000), "endpoint_port: Input should be less than or equal to 65535"),
+    (dict(extra_env={"1BAD": "x"}), "extra_env name '1BAD' is not an identifier"),
+    (dict(extra_env={"A-B": "x"}), "extra_env name 'A-B' is not an identifier"),
+    (dict(extra_env={"A": "two words"}), "A='two words': mpirun's -x cannot carry whitespace"),
+    (dict(extra_env={"A": "it's"}), "A=\"it's\": mpirun's -x cannot carry"),
+    (dict(extra_env={"A": "a\nb"}), "A='a\\nb': mpirun's -x cannot carry"),
+    (dict(extra_env={"PADDLE_TRAINER_ID": "3"}),
+     "extra_env name 'PADDLE_TRAINER_ID' is set by the composition itself"),
+    (dict(popart_log_level="INFO DEBUG"), "POPART_LOG_LEVEL='INFO DEBUG': mpirun's -x cannot"),
+    (dict(mpi_global_args=["--mca btl tcp"]), "mpi_global_args item='--mca btl tcp'"),
+    (dict(extra_poprun_args=["/tmp/cache"]), "extra_poprun_args item '/tmp/cache' is not a flag"),
+    (dict(training_script=""), "training_script: expected a non-empty string"),
+    (dict(python="  "), "python: expected a non-empty string"),
+    (dict(ipu_partition="a\nb"), "ipu_partition: 'a\\nb' holds a control character"),
+    (dict(training_script_args="[1,"), "training_script_args: list: expected JSON text"),
+    (dict(training_script_args="--lr 1"), "training_script_args: Input should be a valid list"),
+    (dict(colour="red"), "colour: unknown argument (got 'red')"),
+]
+
+
+@pytest.mark.parametrize(("override", "message"), INVALID)
+def test_invalid_configuration_is_rejected_naming_the_value(override, message):
+    with pytest.raises(ConfigError, match="invalid PopRun configuration") as info:
+        parse_config({**BASE, **override})
+    assert message in str(info.value)
+
+
+def test_missing_required_fields_are_named():
+    with pytest.raises(ConfigError) as info:
+        parse_config({"hosts": "n1"})
+    for name in ("nproc_per_host", "ipus_per_replica", "num_ipus", "ipu_partition",
+                 "vipu_server", "training_script"):
+        assert f"{name}: Field required" in str(info.value)
+
+
+def test_one_field_validates_alone_without_the_others():
+    assert validate_field("hosts", "a, b") == ["a", "b"]
+    assert validate_field("nproc_per_host", "3") == 3
+    with pytest.raises(ValueError, match="appears more than once"):
+        validate_field("hosts", "a,a")
