@@ -21,6 +21,8 @@ SLEEPER = """
     rank = os.environ["PADDLE_TRAINER_ID"]
     if "--ignore-term" in sys.argv:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the child inherits it too
+    if "--note-term" in sys.argv:  # survives SIGTERM, but says it got one
+        signal.signal(signal.SIGTERM, lambda *_: open(f"term.{rank}", "w").close())
     child = subprocess.Popen(["sleep", "1000"])
     with open(f"pids.{rank}.tmp", "w") as f:
         f.write(json.dumps({"worker": os.getpid(), "child": child.pid}) + "\\n")
@@ -164,6 +166,21 @@ def test_a_signal_to_the_launcher_stops_every_rank_and_their_children(launcher, 
     assert done.returncode == 128 + sig
     assert f"the launcher received {sig.name}; stopping all ranks" in done.stdout
     assert done.result["status"] == "stopped"
+    assert [p for p in pids if alive(p)] == []
+
+
+@pytest.mark.multiproc
+def test_a_second_signal_to_the_launcher_kills_at_once_without_the_grace(launcher):
+    launcher.script("sleeper.py", SLEEPER)
+    proc = launcher.start("--nproc-per-host", "2", "sleeper.py", "--note-term")
+    pids = wait_ready(launcher, (0, 1))
+    os.kill(proc.pid, signal.SIGTERM)
+    wait_for(lambda: (launcher.dir / "term.0").exists(), 10.0, "rank 0 to get SIGTERM")
+    os.kill(proc.pid, signal.SIGINT)
+    done = launcher.finish(proc)
+    assert done.returncode == 128 + signal.SIGTERM  # the first signal is the cause
+    assert "signalled again: killing all ranks now" in done.stdout
+    assert [r["signal"] for r in done.result["ranks"]] == ["SIGKILL", "SIGKILL"]
     assert [p for p in pids if alive(p)] == []
 
 
