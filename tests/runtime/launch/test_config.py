@@ -3,6 +3,7 @@ functions, plus the CLI's exit code 2 with a one-line message for bad input."""
 
 from __future__ import annotations
 
+import io
 import sys
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import pytest
 from ringflow.errors import ConfigError
 from ringflow.launch.config import LaunchConfig, parse_launch_args
 from ringflow.launch.env import plan_endpoints, resolve_identity, worker_env
+from ringflow.launch.watchdog import read_until_done
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -148,3 +150,9 @@ def test_console_script_has_a_launch_subcommand_with_the_same_options(launcher, 
     assert done.returncode == 2
     assert done.stderr.startswith("ringflow launch: error: --nproc-per-host must be")
     assert launcher.run("bogus", command=ringflow).returncode == 2
+
+
+def test_watchdog_protocol_collects_groups_until_done_or_eof():
+    assert read_until_done(io.BytesIO(b"pg 12\npg 13\ndone\npg 14\n")) == ([12, 13], True)
+    assert read_until_done(io.BytesIO(b"pg 12\nnoise\npg x\n")) == ([12], False)
+    assert read_until_done(io.BytesIO(b"")) == ([], False)

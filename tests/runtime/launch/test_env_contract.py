@@ -85,6 +85,19 @@ def test_job_id_and_token_are_made_when_not_in_the_environment_and_preset_thread
 
 
 @pytest.mark.multiproc
+def test_the_launchers_environment_reaches_workers_byte_for_byte(launcher):
+    weird = 'a b "c" \'d\' $HOME `x` ; = \\n\nsecond line\tend'
+    launcher.script("echo.py", """
+        import os
+        with open(f"weird.{os.environ['PADDLE_TRAINER_ID']}", "w") as f:
+            f.write(os.environ["WEIRD"])
+    """)
+    done = launcher.run("--nproc-per-host", "2", "echo.py", env=launcher.env(WEIRD=weird))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert [(launcher.dir / f"weird.{r}").read_text() for r in (0, 1)] == [weird, weird]
+
+
+@pytest.mark.multiproc
 def test_job_token_is_never_printed_nor_logged_nor_on_a_command_line(launcher):
     launcher.script("worker.py", """
         import os, sys, time
