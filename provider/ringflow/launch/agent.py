@@ -257,16 +257,17 @@ class Agent:
             terminate_group(w.pgid)  # also reaches an exited rank's children
         signals_before = len(trap.received)
         deadline = time.monotonic() + self.config.grace_s
+        why = f"still running {self.config.grace_s:g} s after SIGTERM"
         while live_groups(groups) and time.monotonic() < deadline:
             if len(trap.received) > signals_before:
                 self.console.info("signalled again: killing all ranks now")
+                why = "signalled again"
                 break
             reap_orphans(self._own_pids())
             time.sleep(POLL_S)
         for w in self.workers:
             if w.pgid in live_groups([w.pgid]):
-                self.console.info(f"rank {w.rank} still running {self.config.grace_s:g} s "
-                                  "after SIGTERM: sending SIGKILL")
+                self.console.info(f"rank {w.rank} {why}: sending SIGKILL")
                 signal_group(w.pgid, signal.SIGKILL)
         deadline = time.monotonic() + KILL_WAIT_S
         while live_groups(groups) and time.monotonic() < deadline:
