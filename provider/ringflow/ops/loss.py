@@ -34,17 +34,18 @@ def _hard_labels(ctx, label: np.ndarray, shape, axis: int):
             f"match Logits {list(shape)}: expected one class index per row, shape "
             f"{list(loss_shape)} or without the class dim")
     idx = label.reshape(loss_shape).astype(np.int64, copy=False)
-    ignored = idx == int(ctx.attr("ignore_index"))
-    if not ignored.any():
-        ignored = None
-    else:
+    n_classes, ignore = shape[axis], int(ctx.attr("ignore_index"))
+    lo, hi = (int(idx.min()), int(idx.max())) if idx.size else (0, 0)
+    ignored = None
+    if lo <= ignore <= hi:
+        ignored = idx == ignore
         idx = np.where(ignored, 0, idx)
-    n_classes = shape[axis]
-    bad = (idx < 0) | (idx >= n_classes)
-    if bad.any():
+        lo, hi = int(idx.min()), int(idx.max())
+    if lo < 0 or hi >= n_classes:
+        bad = lo if lo < 0 else hi
         raise ExecutionError(
-            f"op {ctx.index} ({ctx.op.type}): label {int(idx[bad][0])} is out of range for "
-            f"{n_classes} classes (ignore_index={ctx.attr('ignore_index')})")
+            f"op {ctx.index} ({ctx.op.type}): label {bad} is out of range for "
+            f"{n_classes} classes (ignore_index={ignore})")
     return idx, ignored
 
 
