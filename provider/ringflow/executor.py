@@ -125,12 +125,14 @@ class KernelContext:
         The kernel must write every element and then ``set_output`` it."""
         name = self.op.outputs[slot][i]
         old = self.scope._vars.get(name)
-        if (old is not None and old.shape == tuple(shape) and old.dtype == dtype
-                and name in self.executor._owned and old.flags.writeable
-                and old.flags.c_contiguous and old.base is None):
+        # Reuse only the very array this executor allocated for the name: an array the
+        # user assigned to the scope (or another op's view) is never written behind its back.
+        if (old is not None and old is self.executor._owned.get(name)
+                and old.shape == tuple(shape) and old.dtype == dtype):
             return old
-        self.executor._owned.add(name)
-        return np.empty(shape, dtype)
+        fresh = np.empty(shape, dtype)
+        self.executor._owned[name] = fresh
+        return fresh
 
     def rng(self) -> np.random.Generator:
         """A generator for random ops (dropout): a pure function of the program's seed, the
@@ -178,7 +180,7 @@ class Executor:
 
     def __init__(self, place: Any = None, profile: bool | None = None) -> None:
         self.place = place
-        self._owned: set[str] = set()
+        self._owned: dict[str, np.ndarray] = {}
         self._run_counts: dict[int, int] = {}
         # Opt-in per-op timing (``profile=True`` or RINGFLOW_PROFILE=1): op type ->
         # [calls, seconds inside its kernel]; read with ``profile_stats()``.

@@ -128,9 +128,10 @@ def dropout(x: Variable, p: float = 0.5, training: bool = True, mode: str = "ups
     if not 0.0 <= p <= 1.0:
         raise ProgramError(f"dropout: p must be in [0, 1], got {p}")
     block = default_main_program().current_block()
-    # the op's seed names it, so rewrites that move ops do not change its masks
-    op_seed = int(seed) if seed is not None else stable_seed("dropout", len(block.ops),
-                                                             x.name) or 1
+    # The k-th dropout layer of a program gets the same seed in every build of the model,
+    # whatever other ops a rewrite (tensor parallelism) adds or renames around it.
+    k = sum(op.type == "dropout" for op in block.ops)
+    op_seed = int(seed) if seed is not None else stable_seed("dropout", k) or 1
     attrs = {"dropout_prob": float(p), "is_test": not training, "seed": op_seed,
              "fix_seed": seed is not None, "dropout_implementation": _DROPOUT_MODES[mode]}
     return _append("dropout", {"X": [x]}, attrs, hidden=("Mask",), name=name)["Out"][0]
