@@ -1,0 +1,1 @@
+"""Hooks of the ringflow provider: SSH to the several hosts of one job."""

@@ -1,0 +1,203 @@
+"""SSH to several hosts with one `ssh` connection: reachability checks and streamed commands.
+
+Built on apache-airflow-providers-ssh's `SSHHook` (credentials, host-key policy and extras as
+the connection says); one `SSHHook` per host, made lazily, with the connection's port and the
+host name from the job. What this adds: bounded connects (no retries, banner and auth bounded
+by the same timeout), whole-line streaming with an optional inactivity limit, and errors that
+name the host.
+"""
+
+from __future__ import annotations
+
+import selectors
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import paramiko
+from airflow.providers.ssh.hooks.ssh import SSHHook
+from airflow.sdk import BaseHook
+
+from ringflow.errors import LaunchError
+
+LineSink = Callable[[str, str], None]  # (stream "stdout" | "stderr", whole line)
+TAIL_LINES = 20
+_READ_CHUNK = 65536
+_TICK_S = 0.5
+
+
+@dataclass
+class StreamResult:
+    """How a streamed remote command ended."""
+
+    exit_code: int
+    tail: deque[str] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
+
+
+class _LineSplitter:
+    """Bytes in, whole decoded lines out; a line split across reads is joined first."""
+
+    def __init__(self, stream: str, sink: LineSink, tail: deque[str]):
+        self.stream, self.sink, self.tail = stream, sink, tail
+        self.pending = b""
+
+    def feed(self, data: bytes) -> None:
+        *lines, self.pending = (self.pending + data).split(b"\n")
+        for raw in lines:
+            self._emit(raw)
+
+    def flush(self) -> None:
+        if self.pending:
+            self._emit(self.pending)
+            self.pending = b""
+
+    def _emit(self, raw: bytes) -> None:
+        line = raw.decode("utf-8", "replace").rstrip("\r")
+        self.tail.append(line)
+        self.sink(self.stream, line)
+
+
+class MultiHostSSHHook(BaseHook):
+    """SSH to the hosts of one job with the credentials of one `ssh` connection.
+
+    :param ssh_conn_id: the Airflow connection of type ``ssh`` (login, key or password,
+        port, host-key extras); its host is replaced by each job host.
+    :param conn_timeout: seconds for TCP connect, SSH banner and authentication each.
+    :param cmd_timeout: seconds without any output before a streamed command fails;
+        None (the default) means no limit.
+    """
+
+    conn_name_attr = "ssh_conn_id"
+    default_conn_name = "ssh_default"
+    conn_type = "ssh"
+    hook_name = "SSH (ringflow, several hosts)"
+
+    def __init__(self, ssh_conn_id: str = default_conn_name, conn_timeout: float = 10,
+                 cmd_timeout: float | None = None):
+        super().__init__()
+        self.ssh_conn_id = ssh_conn_id
+        self.conn_timeout = conn_timeout
+        self.cmd_timeout = cmd_timeout
+        self._hooks: dict[str, SSHHook] = {}
+
+    def hook_for(self, host: str) -> SSHHook:
+        if host not in self._hooks:
+            self._hooks[host] = SSHHook(
+                ssh_conn_id=self.ssh_conn_id,
+                remote_host=host,
+                conn_timeout=self.conn_timeout,
+                cmd_timeout=self.cmd_timeout,
+                banner_timeout=self.conn_timeout,
+                auth_timeout=self.conn_timeout,
+                conn_retry_attempts=1,
+            )
+        return self._hooks[host]
+
+    def describe(self, host: str) -> str:
+        hook = self.hook_for(host)
+        return f"{hook.username}@{host}:{hook.port}"
+
+    def connect(self, host: str) -> paramiko.SSHClient:
+        """An open client to `host`, or LaunchError naming the host and the cause."""
+        try:
+            hook = self.hook_for(host)
+            return hook.get_conn()
+        except Exception as exc:
+            where = f"host {host!r} (connection {self.ssh_conn_id!r})"
+            if host in self._hooks:
+                where = f"host {host!r} ({self.describe(host)}, connection {self.ssh_conn_id!r})"
+            raise LaunchError(
+                f"cannot open SSH to {where} within {self.conn_timeout} s: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+
+    def run(self, host: str, command: str, timeout: float) -> tuple[int, str, str]:
+        """Run a short command and collect its output; every wait bounded by `timeout`."""
+        client = self.connect(host)
+        try:
+            _, stdout, stderr = client.exec_command(command, timeout=timeout)
+            stdout.channel.shutdown_write()
+            out, err = stdout.read(), stderr.read()
+            code = stdout.channel.recv_exit_status()
+        except (OSError, paramiko.SSHException) as exc:
+            raise LaunchError(f"host {host!r}: {command[:60]!r} failed: {exc}") from exc
+        return code, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
+
+    def check_hosts(self, hosts: list[str], launch_host: str, executable: str,
+                    find_command: str) -> None:
+        """Every host reachable and `executable` found on the launch host; else one error
+        naming every failing host."""
+        def check(host: str) -> str | None:
+            try:
+                if host != launch_host:
+                    self.connect(host)
+                    return None
+                code, _, _ = self.run(host, find_command, timeout=self.conn_timeout)
+            except LaunchError as exc:
+                return str(exc)
+            if code != 0:
+                return f"{executable!r} not found on launch host {host!r} (exit {code})"
+            return None
+
+        targets = list(dict.fromkeys([*hosts, launch_host]))
+        with ThreadPoolExecutor(max_workers=min(8, len(targets))) as pool:
+            problems = [p for p in pool.map(check, targets) if p]
+        if problems:
+            raise LaunchError("preflight failed: " + "; ".join(problems))
+
+    def stream(self, host: str, command: str, sink: LineSink,
+               should_stop: Callable[[], bool] = lambda: False) -> StreamResult:
+        """Run `command` on `host`, passing each whole output line to `sink` as it arrives."""
+        client = self.connect(host)
+        transport = client.get_transport()
+        if transport is None or not transport.is_active():
+            raise LaunchError(f"host {host!r}: SSH transport closed before the command started")
+        result = StreamResult(exit_code=-1)
+        channel = transport.open_session(timeout=self.conn_timeout)
+        try:
+            channel.exec_command(command)
+            channel.shutdown_write()
+            self._pump(host, channel, sink, result, should_stop)
+        finally:
+            channel.close()
+        return result
+
+    def _pump(self, host: str, channel: paramiko.Channel, sink: LineSink,
+              result: StreamResult, should_stop: Callable[[], bool]) -> None:
+        out = _LineSplitter("stdout", sink, result.tail)
+        err = _LineSplitter("stderr", sink, result.tail)
+        last_output = time.monotonic()
+        with selectors.DefaultSelector() as selector:
+            selector.register(channel, selectors.EVENT_READ)
+            while not should_stop():
+                got = False
+                while channel.recv_ready():
+                    out.feed(channel.recv(_READ_CHUNK))
+                    got = True
+                while channel.recv_stderr_ready():
+                    err.feed(channel.recv_stderr(_READ_CHUNK))
+                    got = True
+                if got:
+                    last_output = time.monotonic()
+                elif channel.exit_status_ready() or channel.closed:
+                    break
+                elif self.cmd_timeout is not None and (
+                    time.monotonic() - last_output > self.cmd_timeout
+                ):
+                    raise LaunchError(
+                        f"host {host!r}: no output for {self.cmd_timeout} s (cmd_timeout)"
+                    )
+                else:
+                    selector.select(_TICK_S)
+        out.flush()
+        err.flush()
+        if channel.exit_status_ready():
+            result.exit_code = channel.recv_exit_status()
+
+    def close(self) -> None:
+        for hook in self._hooks.values():
+            if hook.client is not None:
+                hook.client.close()
+                hook.client = None

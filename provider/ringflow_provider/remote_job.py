@@ -1,0 +1,139 @@
+"""Shell text for a job on a launch host: start detached, record its process group, kill it.
+
+Pure string composition (no Airflow, no I/O). Every value is `shlex.quote`d, every script runs
+under `sh -c` (POSIX sh, dash on Debian), and the job's state is one pid file per try:
+`<state dir>/<task key>/try-<n>.pgid`, where the task key hashes (dag, task, run), so a later
+try of the same task finds what an earlier one left running.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+PGID_MARKER = "ringflow-pgid="
+PGID_LINE = re.compile(r"^ringflow-pgid=(\d+)$")
+DEFAULT_STATE_DIR = '"$HOME"/.ringflow/jobs'  # expanded by the remote shell
+# After SIGTERM an earlier try gets this long (in 0.1 s steps) before SIGKILL.
+STOP_GRACE_STEPS = 50
+KILL_GRACE_S = 5
+
+
+@dataclass(frozen=True)
+class JobId:
+    """Who a remote job belongs to: one Airflow task try."""
+
+    dag_id: str
+    task_id: str
+    run_id: str
+    try_number: int
+
+    @property
+    def task_key(self) -> str:
+        raw = "\0".join((self.dag_id, self.task_id, self.run_id))
+        return hashlib.sha256(raw.encode()).hexdigest()[:24]
+
+    def __str__(self) -> str:
+        return f"{self.dag_id}/{self.task_id}/{self.run_id}/try{self.try_number}"
+
+
+def state_dir_expr(state_dir: str | None) -> str:
+    return DEFAULT_STATE_DIR if state_dir is None else shlex.quote(state_dir)
+
+
+def _paths(job: JobId, state_dir: str | None) -> str:
+    """Shell assignments of `d` (the task's dir) and `f` (this try's pid file)."""
+    return (
+        f"d={state_dir_expr(state_dir)}/{job.task_key}\n"
+        f"f=\"$d/try-{int(job.try_number)}.pgid\"\n"
+    )
+
+
+def _stop_earlier_tries() -> str:
+    return f"""for g in "$d"/try-*.pgid; do
+  [ -f "$g" ] || continue
+  pg=$(cat "$g" 2>/dev/null)
+  case "$pg" in ''|*[!0-9]*) rm -f "$g"; continue;; esac
+  if [ "$pg" -gt 1 ] && kill -0 -"$pg" 2>/dev/null; then
+    echo "ringflow: stopping process group $pg left by an earlier try (${{g##*/}})" >&2
+    kill -TERM -"$pg" 2>/dev/null
+    i=0
+    while [ $i -lt {STOP_GRACE_STEPS} ] && kill -0 -"$pg" 2>/dev/null; do
+      sleep 0.1; i=$((i+1))
+    done
+    kill -KILL -"$pg" 2>/dev/null
+  fi
+  rm -f "$g"
+done
+"""
+
+
+def _job_body(argv: list[str], env: Mapping[str, str]) -> str:
+    """Runs as the new session's leader: its $$ is the process group id."""
+    exports = "".join(f"export {name}={shlex.quote(value)}\n" for name, value in env.items())
+    return (
+        'echo $$ > "$f.tmp" && mv "$f.tmp" "$f"\n'
+        f'echo "{PGID_MARKER}$$"\n'
+        f"{exports}"
+        f"{shlex.join(argv)}\n"
+        "rc=$?\n"
+        'rm -f "$f"\n'
+        "exit $rc\n"
+    )
+
+
+def launch_command(job: JobId, argv: list[str], env: Mapping[str, str] | None = None,
+                   state_dir: str | None = None) -> str:
+    """The command for SSH exec: stop earlier tries, then run argv in its own session.
+
+    `setsid -w` gives the job a new session and process group (so one `kill -PGID` reaches
+    every process it starts) and passes its exit status back; stdin is /dev/null so a closed
+    channel cannot hang or kill it through a terminal. The first stdout line is the PGID.
+    """
+    body = _job_body(argv, env or {})
+    script = (
+        "umask 077\n"
+        f"{_paths(job, state_dir)}"
+        'mkdir -p "$d" || exit 97\n'
+        f"printf '%s\\n' {shlex.quote(str(job))} > \"$d/job\"\n"
+        f"{_stop_earlier_tries()}"
+        f'export d f\nexec setsid -w sh -c {shlex.quote(body)} < /dev/null\n'
+    )
+    return f"sh -c {shlex.quote(script)}"
+
+
+def kill_command(job: JobId, pgid: int | None, state_dir: str | None = None) -> str:
+    """One detached remote command: TERM the group now, KILL it 5 s later, in the background.
+
+    It returns at once (the sleeper runs in its own session), so `on_kill` stays within
+    Airflow's window. Without a known PGID it reads the try's pid file.
+    """
+    known = str(int(pgid)) if pgid else ""
+    killer = (
+        f'kill -TERM -"$pg" 2>/dev/null; sleep {KILL_GRACE_S}; '
+        'kill -KILL -"$pg" 2>/dev/null; rm -f "$f"'
+    )
+    script = (
+        f"{_paths(job, state_dir)}"
+        f"pg={known}\n"
+        '[ -n "$pg" ] || pg=$(cat "$f" 2>/dev/null)\n'
+        'case "$pg" in ""|*[!0-9]*) echo "ringflow: no process group recorded"; exit 0;; esac\n'
+        '[ "$pg" -gt 1 ] || exit 0\n'
+        "export pg f\n"
+        f"setsid sh -c {shlex.quote(killer)} > /dev/null 2>&1 < /dev/null &\n"
+        'echo "ringflow: killing process group $pg"\n'
+    )
+    return f"sh -c {shlex.quote(script)}"
+
+
+def find_executable_command(executable: str) -> str:
+    """Exit 0 iff `executable` is found (on PATH, or as a path) by the remote shell."""
+    return f"sh -c {shlex.quote(f'command -v -- {shlex.quote(executable)}')}"
+
+
+def parse_pgid(line: str) -> int | None:
+    match = PGID_LINE.match(line.strip())
+    return int(match.group(1)) if match else None

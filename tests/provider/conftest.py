@@ -1,0 +1,158 @@
+"""Provider fixtures: one isolated Airflow home per run, a real OpenSSH server on 127.0.0.1.
+
+Airflow reads AIRFLOW_HOME and friends when it is first imported, so they are set here, at
+collection time, before any test module imports airflow.
+"""
+
+from __future__ import annotations
+
+import atexit
+import getpass
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+VENV_BIN = Path(sys.executable).parent
+SSHD = Path("/usr/sbin/sshd")
+CONN_ID = "ringflow_test_ssh"
+BAD_KEY_CONN_ID = "ringflow_test_ssh_badkey"
+
+_AIRFLOW_HOME = Path(tempfile.mkdtemp(prefix="ringflow-airflow-home-"))
+atexit.register(shutil.rmtree, _AIRFLOW_HOME, True)
+os.environ.update(
+    AIRFLOW_HOME=str(_AIRFLOW_HOME),
+    AIRFLOW__CORE__LOAD_EXAMPLES="False",
+    AIRFLOW__CORE__DAGS_FOLDER=str(REPO / "dags"),
+    AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=f"sqlite:///{_AIRFLOW_HOME}/airflow.db",
+    AIRFLOW__CORE__UNIT_TEST_MODE="False",
+)
+
+
+def wait_until(predicate, timeout: float, what: str, step: float = 0.05):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(step)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def airflow_home() -> Path:
+    """The run's Airflow home with a migrated SQLite database (migrated once per run)."""
+    subprocess.run([str(VENV_BIN / "airflow"), "db", "migrate"], check=True, env=os.environ,
+                   capture_output=True, timeout=240)
+    return _AIRFLOW_HOME
+
+
+@dataclass
+class SSHServer:
+    port: int
+    user: str
+    host_key_line: str  # "<type> <base64>", as the `host_key` connection extra takes it
+    key_file: Path
+    bad_key_file: Path
+    bin_dir: Path
+    state_dir: Path
+    work_dir: Path
+
+
+def _keygen(path: Path) -> None:
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path)],
+                   check=True, timeout=30)
+
+
+def _sshd_config(d: Path, port: int, bin_dir: Path) -> Path:
+    config = d / "sshd_config"
+    config.write_text(
+        f"Port {port}\nListenAddress 127.0.0.1\nHostKey {d}/host_key\n"
+        f"PidFile {d}/sshd.pid\nAuthorizedKeysFile {d}/authorized_keys\n"
+        "PermitRootLogin prohibit-password\nPasswordAuthentication no\n"
+        "KbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\n"
+        "MaxStartups 100:30:200\nMaxSessions 100\nLogLevel ERROR\n"
+        # The remote PATH starts with the stand-in poprun's directory.
+        f"SetEnv PATH={bin_dir}:/usr/local/bin:/usr/bin:/bin\n"
+    )
+    return config
+
+
+@pytest.fixture(scope="session")
+def sshd(tmp_path_factory) -> SSHServer:
+    """A real OpenSSH server on 127.0.0.1:<free port>, key auth only, killed at the end."""
+    if not SSHD.exists():
+        pytest.fail("sshd missing: run `make sysdeps` (installs openssh-server)")
+    d = tmp_path_factory.mktemp("sshd")
+    for name in ("host_key", "user_key", "bad_key"):
+        _keygen(d / name)
+    shutil.copy(d / "user_key.pub", d / "authorized_keys")
+    bin_dir = d / "bin"
+    bin_dir.mkdir()
+    shutil.copy(Path(__file__).with_name("standin_poprun.py"), bin_dir / "poprun")
+    (bin_dir / "poprun").chmod(0o755)
+    Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege-separation dir
+    port = free_port()
+    config = _sshd_config(d, port, bin_dir)
+    with open(d / "sshd.log", "wb") as log:
+        proc = subprocess.Popen([str(SSHD), "-D", "-e", "-f", str(config)],
+                                stdout=subprocess.DEVNULL, stderr=log)
+    try:
+        wait_until(lambda: _accepts(port) or proc.poll() is not None, 10, "sshd to listen")
+        if proc.poll() is not None:
+            pytest.fail(f"sshd exited: {(d / 'sshd.log').read_text()}")
+        host_key = " ".join((d / "host_key.pub").read_text().split()[:2])
+        (d / "state").mkdir()
+        (d / "work").mkdir()
+        yield SSHServer(port, getpass.getuser(), host_key, d / "user_key", d / "bad_key",
+                        bin_dir, d / "state", d / "work")
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+def _accepts(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def connection_json(server: SSHServer, key_file: Path, password: str | None = None) -> str:
+    extra = {"key_file": str(key_file), "host_key": server.host_key_line,
+             "look_for_keys": "false"}
+    conn = {"conn_type": "ssh", "host": "127.0.0.1", "port": server.port,
+            "login": server.user, "extra": extra}
+    if password:
+        conn["password"] = password
+    return json.dumps(conn)
+
+
+@pytest.fixture
+def ssh_conn(sshd, monkeypatch) -> str:
+    """The Airflow connections (AIRFLOW_CONN_<ID>, JSON form) to the test server."""
+    monkeypatch.setenv(f"AIRFLOW_CONN_{CONN_ID.upper()}",
+                       connection_json(sshd, sshd.key_file, password="conn-pw-Zq81"))
+    monkeypatch.setenv(f"AIRFLOW_CONN_{BAD_KEY_CONN_ID.upper()}",
+                       connection_json(sshd, sshd.bad_key_file))
+    return CONN_ID

@@ -1,0 +1,128 @@
+"""MultiHostSSHHook against a real OpenSSH server: streaming, exit codes, failures named."""
+
+from __future__ import annotations
+
+import shlex
+import socket
+import threading
+import time
+
+import pytest
+
+from ringflow.errors import LaunchError
+from ringflow_provider.hooks.multi_ssh import MultiHostSSHHook
+from ringflow_provider.remote_job import find_executable_command
+from tests.provider.conftest import BAD_KEY_CONN_ID, connection_json, wait_until
+
+pytestmark = [pytest.mark.ssh]
+
+
+@pytest.fixture
+def hook(ssh_conn):
+    hook = MultiHostSSHHook(ssh_conn, conn_timeout=5)
+    yield hook
+    hook.close()
+
+
+def collect(lines):
+    lock = threading.Lock()
+
+    def sink(stream, line):
+        with lock:
+            lines.append((stream, line))
+
+    return sink
+
+
+def test_lines_stream_as_they_arrive_before_the_command_ends(hook, sshd):
+    go = sshd.work_dir / "go-stream"
+    script = (
+        "echo first; printf 'par'; sleep 0.3; echo 'tial'; echo oops >&2; "
+        f"while [ ! -e {shlex.quote(str(go))} ]; do sleep 0.05; done; echo last"
+    )
+    lines: list = []
+    command = f"sh -c {shlex.quote(script)}"
+    worker = threading.Thread(
+        target=lambda: lines.append(("result", hook.stream("127.0.0.1", command, collect(lines)))))
+    worker.start()
+    try:
+        # The command cannot end before `go` exists, so these lines arrived while it ran.
+        wait_until(lambda: ("stderr", "oops") in lines, 20, "streamed lines")
+        assert [entry for entry in lines if entry[0] == "stdout"] == [
+            ("stdout", "first"), ("stdout", "partial")]
+    finally:
+        go.touch()
+        worker.join(20)
+    assert ("stdout", "last") in lines
+    result = lines[-1][1]
+    assert result.exit_code == 0
+    assert list(result.tail) == ["first", "partial", "oops", "last"]
+
+
+def test_exit_code_and_last_lines_come_back(hook):
+    command = "sh -c " + shlex.quote("for i in $(seq 1 30); do echo line$i; done; exit 7")
+    result = hook.stream("127.0.0.1", command, lambda stream, line: None)
+    assert result.exit_code == 7
+    assert list(result.tail) == [f"line{i}" for i in range(11, 31)]
+
+
+def test_cmd_timeout_fails_a_silent_command_naming_the_host(ssh_conn):
+    hook = MultiHostSSHHook(ssh_conn, conn_timeout=5, cmd_timeout=0.5)
+    try:
+        with pytest.raises(LaunchError, match=r"host '127.0.0.1': no output for 0.5 s"):
+            hook.stream("127.0.0.1", "sleep 3", lambda stream, line: None)
+    finally:
+        hook.close()
+
+
+def test_unreachable_host_fails_within_conn_timeout_naming_it(sshd, monkeypatch):
+    # A listener that never accepts: TCP connects, the SSH banner never comes.
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        conn = connection_json(sshd, sshd.key_file).replace(
+            f'"port": {sshd.port}', f'"port": {silent.getsockname()[1]}')
+        monkeypatch.setenv("AIRFLOW_CONN_RINGFLOW_SILENT", conn)
+        hook = MultiHostSSHHook("ringflow_silent", conn_timeout=1.5)
+        started = time.monotonic()
+        with pytest.raises(LaunchError) as info:
+            hook.connect("127.0.0.1")
+        elapsed = time.monotonic() - started
+    assert "cannot open SSH to host '127.0.0.1'" in str(info.value)
+    assert "within 1.5 s" in str(info.value)
+    # Bounded by conn_timeout, not by SSHHook's 30 s banner wait or its retries (3-5 s each).
+    assert elapsed < 1.5 + 2.5
+
+
+def test_refused_port_fails_naming_host_and_port(sshd, monkeypatch):
+    port = sshd.port
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        closed_port = probe.getsockname()[1]
+    conn = connection_json(sshd, sshd.key_file).replace(f'"port": {port}', f'"port": {closed_port}')
+    monkeypatch.setenv("AIRFLOW_CONN_RINGFLOW_CLOSED", conn)
+    hook = MultiHostSSHHook("ringflow_closed", conn_timeout=2)
+    with pytest.raises(LaunchError, match=rf"host '127.0.0.1' \(\S+@127.0.0.1:{closed_port}"):
+        hook.connect("127.0.0.1")
+
+
+def test_a_key_the_server_does_not_accept_fails_naming_the_host(ssh_conn):
+    hook = MultiHostSSHHook(BAD_KEY_CONN_ID, conn_timeout=5)
+    with pytest.raises(LaunchError, match=r"host 'localhost'.*AuthenticationException"):
+        hook.connect("localhost")
+
+
+def test_preflight_passes_when_every_host_answers_and_poprun_is_found(hook):
+    hook.check_hosts(["127.0.0.1", "localhost"], "127.0.0.1", "poprun",
+                     find_executable_command("poprun"))
+
+
+def test_preflight_names_every_failing_host(hook, sshd):
+    with pytest.raises(LaunchError) as info:
+        hook.check_hosts(["127.0.0.1", "localhost", "no-such-host.invalid"], "localhost",
+                         "poprun-missing", find_executable_command("poprun-missing"))
+    message = str(info.value)
+    assert message.startswith("preflight failed: ")
+    assert "'poprun-missing' not found on launch host 'localhost' (exit 127)" in message
+    assert "cannot open SSH to host 'no-such-host.invalid'" in message
+    assert "'127.0.0.1'" not in message
