@@ -1,0 +1,41 @@
+"""ringflow.distributed: Paddle's collective API on numpy arrays (and, later, fleet and
+split). Names load lazily (PEP 562), so importing this package costs nothing until used."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_API = "ringflow.distributed.collective.api"
+_REG = "ringflow.distributed.collective.registry"
+# public name -> (module, attribute or None for the module itself)
+_EXPORTS: dict[str, tuple[str, str | None]] = {
+    **{name: (_API, name) for name in (
+        "init_parallel_env", "is_initialized", "get_rank", "get_world_size", "new_group",
+        "get_group", "Group", "all_reduce", "broadcast", "reduce", "all_gather",
+        "reduce_scatter", "send", "recv", "barrier", "destroy_process_group")},
+    "ReduceOp": ("ringflow.distributed.collective.reduce_op", "ReduceOp"),
+    "init_ring": (_REG, "init_ring"),
+    "get_ring": (_REG, "get_ring"),
+    "destroy_ring": (_REG, "destroy_ring"),
+    "Communicator": ("ringflow.distributed.collective.communicator", "Communicator"),
+    "collective": ("ringflow.distributed.collective", None),
+    "env": ("ringflow.distributed.env", None),
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    try:
+        module, attr = _EXPORTS[name]
+    except KeyError:
+        raise AttributeError(f"module 'ringflow.distributed' has no attribute {name!r}") from None
+    mod = importlib.import_module(module)
+    value = mod if attr is None else getattr(mod, attr)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

@@ -1,0 +1,299 @@
+"""A ring's communicator: what `get_ring(ring_id)` returns to the program ops and what the
+Python API's groups wrap. It connects its ranks (rendezvous), picks the algorithm (shared-memory
+slots when every rank is on this host, else the TCP ring in host-major order) and runs the
+collectives on numpy arrays.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+from collections.abc import Sequence
+
+import numpy as np
+
+from ringflow.distributed.collective import rendezvous, ring
+from ringflow.distributed.collective.intrahost import IntraHost
+from ringflow.distributed.collective.reduce_op import ReduceOp, ufunc_for
+from ringflow.distributed.collective.transport import shm
+from ringflow.distributed.collective.transport.base import Deadline, OpContext
+from ringflow.distributed.collective.transport.tcp import TcpLink, byte_view
+from ringflow.distributed.env import CommSettings, Endpoint, parse_endpoint
+from ringflow.errors import CommError, ExecutionError
+
+SUPPORTED = {np.dtype(t) for t in ("float16", "float32", "float64", "int32", "int64")}
+SEGMENT_BYTES = int(os.environ.get("RINGFLOW_SEGMENT_BYTES", 1 << 20))
+SLOT_BYTES = int(os.environ.get("RINGFLOW_SHM_SLOT_BYTES", 1 << 20))
+SMALL_BYTES = int(os.environ.get("RINGFLOW_SHM_SMALL_BYTES", 64 << 10))
+_P2P_HEADER = struct.Struct("!q8s")
+
+
+def ring_order(endpoints: Sequence[Endpoint], ips: Sequence[str]) -> list[int]:
+    """Ranks host-major: grouped by IP in order of first appearance, rank order inside, so
+    only host-boundary hops cross the network."""
+    hosts: list[str] = []
+    for ip in ips:
+        if ip not in hosts:
+            hosts.append(ip)
+    return sorted(range(len(endpoints)), key=lambda r: (hosts.index(ips[r]), r))
+
+
+def resolve(ep: Endpoint) -> str:
+    try:
+        return socket.gethostbyname(ep.host)
+    except OSError:
+        return ep.host
+
+
+class Communicator:
+    """Collectives among `nranks` processes; `rank` is this process's index in `endpoints`."""
+
+    def __init__(self, ring_id: int, endpoints: Sequence[str | Endpoint], rank: int,
+                 nranks: int, job_id: str, token: str, settings: CommSettings) -> None:
+        eps = [e if isinstance(e, Endpoint) else parse_endpoint(e, "endpoints") for e in endpoints]
+        if len(eps) != nranks or not 0 <= rank < nranks:
+            raise CommError(f"ring {ring_id}: rank {rank} of nranks {nranks} does not fit "
+                            f"{len(eps)} endpoints")
+        self.ring_id, self.rank, self.nranks = ring_id, rank, nranks
+        self.endpoints = eps
+        self.settings = settings
+        self.ctx = OpContext(rank, ring_id, "init", host=str(eps[rank]))
+        self._job_id, self._token = job_id, token
+        self._link: TcpLink | None = None
+        self._local: IntraHost | None = None
+        self._segments: list[shm.Segment] = []
+        self._p2p: dict[tuple[str, int], socket.socket] = {}
+        self._broken: str | None = None
+        ips = [resolve(e) for e in eps]
+        self.order = ring_order(eps, ips)
+        self.pos = self.order.index(rank)
+        self.transport = "shm" if (settings.transport != "tcp" and len(set(ips)) == 1) else "tcp"
+        if nranks > 1:
+            self._guarded("init", self._connect)
+
+    # -- setup -----------------------------------------------------------------------------
+    def _connect(self) -> None:
+        n, pos = self.nranks, self.pos
+        right, left = self.order[(pos + 1) % n], self.order[(pos - 1) % n]
+        deadline = Deadline(self.settings.rendezvous_timeout)
+        listener = rendezvous.listener_for(self.endpoints[self.rank], self._token, self.rank)
+        rsock, _ = rendezvous.connect(self.endpoints[right], self._token, rendezvous.KIND_RING,
+                                      self.ring_id, self.rank, right, deadline, self.ctx)
+        lsock, _ = listener.accept(self.ring_id, rendezvous.KIND_RING, left, deadline, self.ctx)
+        self._link = TcpLink(rsock, lsock, right, left, self.ctx, self.settings.heartbeat_timeout)
+        if self.transport == "shm":
+            self._map_segments()
+
+    def _map_segments(self) -> None:
+        names = [shm.segment_name(self._job_id, self.ring_id, p) for p in range(self.nranks)]
+        own = shm.create_segment(names[self.pos], SLOT_BYTES)
+        try:
+            self._tcp_barrier()  # every segment exists
+            segs = [own if p == self.pos else shm.open_segment(names[p], SLOT_BYTES)
+                    for p in range(self.nranks)]
+            self._tcp_barrier()  # every peer has mapped every segment
+        finally:
+            shm.unlink(names[self.pos])
+        self._segments = segs
+        pids = {self.order[p]: segs[p].words[shm.PID] for p in range(self.nranks)
+                if p != self.pos}
+        watch = shm.PeerWatch(pids, self.ctx, self.settings.heartbeat_timeout)
+
+        def check() -> None:
+            self._link.check()
+            watch.check()
+
+        self._local = IntraHost(segs, self.pos, self.order, self.ctx, check, SMALL_BYTES)
+
+    def _tcp_barrier(self) -> None:
+        token = np.zeros(self.nranks, dtype=np.int64)  # one element per chunk: n-1 real hops
+        plan = ring.ring_plan(token.size, self.nranks, 8, SEGMENT_BYTES)
+        ring.ring_all_reduce(token, np.add, self._link, self.pos, self.nranks, plan,
+                             Deadline(self.settings.rendezvous_timeout))
+
+    # -- error handling --------------------------------------------------------------------
+    def _guarded(self, op: str, fn, *args):
+        if self._broken:
+            raise CommError(f"rank {self.rank}: ring {self.ring_id} is unusable after an "
+                            f"earlier failure: {self._broken}")
+        self.ctx.op = op
+        try:
+            return fn(*args)
+        except CommError as exc:
+            self._broken = str(exc)
+            self.close()  # peers see our sockets close and fail fast too
+            raise
+        except Exception:
+            # A local error (bad input) leaves peers mid-collective: fail them fast too.
+            if op != "init" and self.nranks > 1:
+                self._broken = f"{op} raised on rank {self.rank}"
+                self.close()
+            raise
+
+    def _deadline(self) -> Deadline:
+        return Deadline(self.settings.comm_timeout)
+
+    # -- collectives -------------------------------------------------------------------------
+    def all_reduce(self, arr: np.ndarray, op: int = ReduceOp.SUM) -> np.ndarray:
+        """Reduce `arr` over the ring in place; every rank ends with identical bytes."""
+        work = _working(arr, "all_reduce")
+        ufunc = ufunc_for(op, arr.dtype)
+        if self.nranks > 1 and work.size:
+            self._guarded("all_reduce", self._all_reduce, work.reshape(-1), ufunc)
+        if op == ReduceOp.AVG:
+            np.true_divide(work, self.nranks, out=work)
+        return _write_back(arr, work)
+
+    def _all_reduce(self, flat: np.ndarray, ufunc) -> None:
+        if self._local is not None:
+            self._local.all_reduce(flat, ufunc, self._deadline())
+            return
+        plan = ring.ring_plan(flat.size, self.nranks, flat.itemsize, SEGMENT_BYTES)
+        ring.ring_all_reduce(flat, ufunc, self._link, self.pos, self.nranks, plan,
+                             self._deadline())
+
+    def broadcast(self, arr: np.ndarray, root: int) -> np.ndarray:
+        """Copy rank `root`'s `arr` into every rank's `arr` (in place)."""
+        self._check_rank(root, "broadcast root")
+        work = _working(arr, "broadcast", widen=False)
+        if self.nranks > 1 and work.size:
+            self._guarded("broadcast", self._broadcast, work.reshape(-1), self.order.index(root))
+        return _write_back(arr, work)
+
+    def _broadcast(self, flat: np.ndarray, root_pos: int) -> None:
+        if self._local is not None:
+            self._local.broadcast(flat, root_pos, self._deadline())
+        else:
+            ring.ring_broadcast(flat, self._link, self.pos, root_pos, self.nranks,
+                                SEGMENT_BYTES, self._deadline())
+
+    def all_gather(self, arr: np.ndarray) -> list[np.ndarray]:
+        """Every rank's `arr`, in rank order (new arrays)."""
+        work = _working(arr, "all_gather", widen=False)
+        out = np.empty((self.nranks, work.size), dtype=work.dtype)
+        out[self.pos] = work.reshape(-1)
+        if self.nranks > 1 and work.size:
+            self._guarded("all_gather", self._all_gather, work.reshape(-1), out)
+        by_rank = [out[self.order.index(r)].reshape(arr.shape) for r in range(self.nranks)]
+        return [a.astype(arr.dtype, copy=False) for a in by_rank]
+
+    def _all_gather(self, flat: np.ndarray, out: np.ndarray) -> None:
+        if self._local is not None:
+            self._local.all_gather(flat, out, self._deadline())
+            return
+        rows = [(p * flat.size, (p + 1) * flat.size) for p in range(self.nranks)]
+        ring.ring_all_gather_chunks(out.reshape(-1), self._link, self.pos, self.nranks, rows, 0,
+                                    self._deadline())
+
+    def reduce(self, arr: np.ndarray, root: int, op: int = ReduceOp.SUM) -> np.ndarray:
+        """Rank `root` gets the reduction in `arr`; the others keep their input."""
+        self._check_rank(root, "reduce root")
+        result = self.all_reduce(arr.copy(), op)
+        if self.rank == root:
+            arr[...] = result
+        return arr
+
+    def reduce_scatter(self, out: np.ndarray, inputs: Sequence[np.ndarray],
+                       op: int = ReduceOp.SUM) -> np.ndarray:
+        """out = the reduction of every rank's inputs[rank]."""
+        if len(inputs) != self.nranks:
+            raise ExecutionError(f"reduce_scatter on ring {self.ring_id}: expected "
+                                 f"{self.nranks} input arrays, got {len(inputs)}")
+        stacked = np.stack([np.asarray(a) for a in inputs])
+        self.all_reduce(stacked, op)
+        out[...] = stacked[self.rank]
+        return out
+
+    def barrier(self) -> None:
+        if self.nranks > 1:
+            self.all_reduce(np.zeros(self.nranks, dtype=np.int32))
+
+    # -- point to point ------------------------------------------------------------------------
+    def send(self, arr: np.ndarray, dst: int) -> None:
+        self._check_rank(dst, "send destination")
+        self._guarded("send", self._send, _working(arr, "send", widen=False), dst)
+
+    def _send(self, work: np.ndarray, dst: int) -> None:
+        sock = self._p2p.get(("to", dst))
+        if sock is None:
+            deadline = Deadline(self.settings.rendezvous_timeout)
+            sock, _ = rendezvous.connect(self.endpoints[dst], self._token, rendezvous.KIND_P2P,
+                                         self.ring_id, self.rank, dst, deadline, self.ctx)
+            sock.settimeout(self.settings.comm_timeout)
+            self._p2p[("to", dst)] = sock
+        try:
+            sock.sendall(_P2P_HEADER.pack(work.nbytes, work.dtype.str.encode()))
+            sock.sendall(byte_view(work.reshape(-1)))
+        except OSError as exc:
+            raise self.ctx.error(dst, f"sending to rank {dst} failed: {exc}") from None
+
+    def recv(self, arr: np.ndarray, src: int) -> np.ndarray:
+        self._check_rank(src, "recv source")
+        work = _working(arr, "recv", widen=False)
+        self._guarded("recv", self._recv, work, src)
+        return _write_back(arr, work)
+
+    def _recv(self, work: np.ndarray, src: int) -> None:
+        sock = self._p2p.get(("from", src))
+        if sock is None:
+            listener = rendezvous.listener_for(self.endpoints[self.rank], self._token, self.rank)
+            sock, _ = listener.accept(self.ring_id, rendezvous.KIND_P2P, src,
+                                      Deadline(self.settings.rendezvous_timeout), self.ctx)
+            sock.settimeout(self.settings.comm_timeout)
+            self._p2p[("from", src)] = sock
+        try:
+            nbytes, dt = _P2P_HEADER.unpack(rendezvous.recv_exact(sock, _P2P_HEADER.size))
+            if nbytes != work.nbytes or dt.rstrip(b"\0") != work.dtype.str.encode():
+                raise self.ctx.error(src, f"rank {src} sent {nbytes} bytes of {dt.decode()!r}, "
+                                     f"expected {work.nbytes} bytes of {work.dtype.str!r}")
+            view, got = byte_view(work.reshape(-1)), 0
+            while got < len(view):
+                n = sock.recv_into(view[got:])
+                if n == 0:
+                    raise ConnectionError(f"rank {src} closed the connection")
+                got += n
+        except (OSError, ConnectionError) as exc:
+            raise self.ctx.error(src, f"receiving from rank {src} failed: {exc}") from None
+
+    # -- teardown ------------------------------------------------------------------------------
+    def _check_rank(self, r: int, what: str) -> None:
+        if not 0 <= r < self.nranks:
+            raise ExecutionError(f"ring {self.ring_id}: {what} {r} is not a rank in "
+                                 f"0..{self.nranks - 1}")
+
+    def close(self) -> None:
+        if self._link is not None:
+            self._link.close()
+            self._link = None
+        self._local = None
+        for seg in self._segments:
+            seg.close()
+        self._segments = []
+        for sock in self._p2p.values():
+            sock.close()
+        self._p2p.clear()
+        rendezvous.drop_ring(self.ring_id)
+
+    def __repr__(self) -> str:
+        return (f"Communicator(ring_id={self.ring_id}, rank={self.rank}, nranks={self.nranks}, "
+                f"transport={self.transport!r})")
+
+
+def _working(arr: np.ndarray, op: str, widen: bool = True) -> np.ndarray:
+    """A contiguous array the algorithms can work on: `arr` itself when possible; float16 is
+    widened to float32 for reductions (accumulate in float32)."""
+    if not isinstance(arr, np.ndarray):
+        raise ExecutionError(f"{op}: expected a numpy array, got {type(arr).__name__}")
+    if arr.dtype not in SUPPORTED:
+        raise ExecutionError(f"{op}: dtype {arr.dtype} is not supported; expected one of "
+                             "float16, float32, float64, int32, int64")
+    if widen and arr.dtype == np.float16:
+        return arr.astype(np.float32)
+    return arr if arr.flags.c_contiguous else np.ascontiguousarray(arr)
+
+
+def _write_back(arr: np.ndarray, work: np.ndarray) -> np.ndarray:
+    if work is not arr:
+        arr[...] = work
+    return arr

@@ -1,0 +1,174 @@
+"""Collectives among the ranks of one host through shared-memory slots (see transport/shm.py).
+
+All-reduce works in rounds, one segment of every chunk per round (ring.py defines the words):
+each rank copies its segments into its slot and posts; position p reduces segment k of chunk p
+from every slot into its own buffer (own values first, then peers in position order, so the
+order is fixed) and posts the result in its slot; everyone copies the other chunks' results.
+That is the ring's reduce-scatter + all-gather with every hop a direct read: memory traffic
+is one pass, not n-1. Small buffers take one round with one post: every rank reduces the
+whole buffer from all slots in position order (identical bytes on every rank).
+
+Two slots alternate, and a slot is written again only after every peer has posted once more
+after the round that read it, so no trailing barrier is needed.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable
+
+import numpy as np
+
+from ringflow.distributed.collective.ring import RingPlan, ring_plan, split
+from ringflow.distributed.collective.transport.base import Deadline, OpContext, spin_wait
+from ringflow.distributed.collective.transport.shm import SEQ, SIG0, Segment
+
+Ufunc = Callable[..., np.ndarray]
+
+
+class IntraHost:
+    def __init__(self, segments: list[Segment], pos: int, ranks: list[int], ctx: OpContext,
+                 check: Callable[[], None], small_bytes: int) -> None:
+        self.segs = segments  # by position
+        self.pos, self.n = pos, len(segments)
+        self.ranks = ranks  # global rank (for messages) by position
+        self.ctx = ctx
+        self.check = check
+        self.small_bytes = small_bytes
+        self.slot_bytes = segments[0].slot_bytes
+        self.seq = 0
+        self.round = 0
+        self.free_at = [0, 0]
+        self.peers = [p for p in range(self.n) if p != pos]
+        self._words = [s.words for s in segments]
+        self._deadline: Deadline | None = None
+
+    # -- synchronisation -----------------------------------------------------------------
+    def _post(self) -> None:
+        self.seq += 1
+        self._words[self.pos][SEQ] = self.seq
+
+    def _wait_all(self, target: int) -> None:
+        words = [self._words[p] for p in self.peers]
+        if all(w[SEQ] >= target for w in words):
+            return
+        late = [0]
+
+        def ready() -> bool:
+            for i, w in enumerate(words):
+                if w[SEQ] < target:
+                    late[0] = i
+                    return False
+            return True
+
+        spin_wait(ready, self._deadline, self.check,
+                  lambda: f"rank {self.ranks[self.peers[late[0]]]} to reach step {target}",
+                  self.ctx, lambda: self.ranks[self.peers[late[0]]])
+
+    def _begin_round(self, sig: int) -> tuple[int, int]:
+        slot = self.round % 2
+        self.round += 1
+        self._wait_all(self.free_at[slot])
+        self._words[self.pos][SIG0 + slot] = sig
+        return slot, sig
+
+    def _check_sig(self, slot: int, sig: int) -> None:
+        for p in self.peers:
+            if self._words[p][SIG0 + slot] != sig:
+                raise self.ctx.error(self.ranks[p], f"rank {self.ranks[p]} runs a different "
+                                     "collective or buffer size (op/dtype/count differ)")
+
+    def _end_round(self, slot: int) -> None:
+        self.free_at[slot] = self.seq + 1
+
+    def _slot_view(self, pos: int, slot: int, dtype: np.dtype, start: int,
+                   count: int) -> np.ndarray:
+        raw = self.segs[pos].slot(slot)
+        return raw[start:start + count * dtype.itemsize].view(dtype)
+
+    # -- collectives ---------------------------------------------------------------------
+    def all_reduce(self, buf: np.ndarray, ufunc: Ufunc, deadline: Deadline) -> None:
+        self._deadline = deadline
+        sig = _signature("all_reduce", buf, ufunc)
+        if buf.nbytes <= min(self.small_bytes, self.slot_bytes):
+            self._all_reduce_small(buf, ufunc, sig)
+            return
+        plan = ring_plan(buf.size, self.n, buf.itemsize, self.slot_bytes // self.n)
+        for k in range(plan.nsegments):
+            self._all_reduce_round(buf, ufunc, plan, k, sig)
+
+    def _all_reduce_small(self, buf: np.ndarray, ufunc: Ufunc, sig: int) -> None:
+        slot, sig = self._begin_round(sig)
+        dt = buf.dtype
+        self._slot_view(self.pos, slot, dt, 0, buf.size)[...] = buf
+        self._post()
+        self._wait_all(self.seq)
+        self._check_sig(slot, sig)
+        views = [self._slot_view(p, slot, dt, 0, buf.size) for p in range(self.n)]
+        ufunc(views[0], views[1], out=buf)
+        for v in views[2:]:
+            ufunc(buf, v, out=buf)
+        self._end_round(slot)
+
+    def _all_reduce_round(self, buf: np.ndarray, ufunc: Ufunc, plan: RingPlan, k: int,
+                          sig: int) -> None:
+        slot, sig = self._begin_round(sig)
+        dt, cap = buf.dtype, plan.segment_elems * buf.itemsize
+        for c in self.peers:  # stage the segments the other positions reduce
+            a, b = plan.segment(c, k)
+            self._slot_view(self.pos, slot, dt, c * cap, b - a)[...] = buf[a:b]
+        self._post()
+        self._wait_all(self.seq)
+        self._check_sig(slot, sig)
+        a, b = plan.segment(self.pos, k)
+        mine = buf[a:b]
+        for p in self.peers:
+            ufunc(mine, self._slot_view(p, slot, dt, self.pos * cap, b - a), out=mine)
+        self._slot_view(self.pos, slot, dt, self.pos * cap, b - a)[...] = mine
+        self._post()
+        self._wait_all(self.seq)
+        for p in self.peers:
+            a, b = plan.segment(p, k)
+            buf[a:b] = self._slot_view(p, slot, dt, p * cap, b - a)
+        self._end_round(slot)
+
+    def all_gather(self, buf: np.ndarray, out: np.ndarray, deadline: Deadline) -> None:
+        """out[p] = position p's `buf`, for every position (out has shape (n, buf.size))."""
+        self._deadline = deadline
+        sig = _signature("all_gather", buf, None)
+        per = max(1, self.slot_bytes // buf.itemsize)
+        for a, b in _pieces(buf.size, per):
+            slot, sig = self._begin_round(sig)
+            self._slot_view(self.pos, slot, buf.dtype, 0, b - a)[...] = buf[a:b]
+            self._post()
+            self._wait_all(self.seq)
+            self._check_sig(slot, sig)
+            out[self.pos, a:b] = buf[a:b]
+            for p in self.peers:
+                out[p, a:b] = self._slot_view(p, slot, buf.dtype, 0, b - a)
+            self._end_round(slot)
+
+    def broadcast(self, buf: np.ndarray, root_pos: int, deadline: Deadline) -> None:
+        self._deadline = deadline
+        sig = _signature("broadcast", buf, root_pos)
+        per = max(1, self.slot_bytes // buf.itemsize)
+        for a, b in _pieces(buf.size, per):
+            slot, sig = self._begin_round(sig)
+            if self.pos == root_pos:
+                self._slot_view(self.pos, slot, buf.dtype, 0, b - a)[...] = buf[a:b]
+            self._post()
+            self._wait_all(self.seq)
+            self._check_sig(slot, sig)
+            if self.pos != root_pos:
+                buf[a:b] = self._slot_view(root_pos, slot, buf.dtype, 0, b - a)
+            self._end_round(slot)
+
+
+def _pieces(count: int, per: int) -> list[tuple[int, int]]:
+    return split(count, max(1, -(-count // per))) if count else []
+
+
+def _signature(op: str, buf: np.ndarray, extra: object) -> int:
+    """A number every rank computes alike for the same call, to catch diverging ranks."""
+    text = f"{op}|{buf.dtype.str}|{buf.size}|{getattr(extra, '__name__', extra)}"
+    return zlib.crc32(text.encode())

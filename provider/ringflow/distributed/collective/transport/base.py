@@ -1,0 +1,86 @@
+"""What every transport shares: the op context that errors name, deadlines, and the
+spin-then-back-off wait that lets 4 ranks progress on 2 cores.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ringflow.errors import CommError, CommTimeoutError
+
+# Busy-polling hands off in ~0.4 us here; after this many polls a waiter yields the core,
+# and after _YIELD_POLLS more it sleeps with a growing nap, so oversubscribed ranks progress.
+_SPIN_POLLS = 2000
+_YIELD_POLLS = 200
+_MAX_NAP = 0.002
+# Liveness checks cost syscalls; do them only this often while waiting.
+_CHECK_EVERY = 0.05
+
+
+@dataclass
+class OpContext:
+    """Where a comm error happened: this rank, the ring, the op. Set per collective call."""
+
+    rank: int
+    ring_id: int
+    op: str = "init"
+    host: str = ""
+
+    def error(self, peer: int | None, cause: str, timeout: bool = False) -> CommError:
+        who = f"rank {self.rank}" + (f" ({self.host})" if self.host else "")
+        peer_txt = f" with peer rank {peer}" if peer is not None else ""
+        cls = CommTimeoutError if timeout else CommError
+        return cls(f"{who}: {self.op} on ring {self.ring_id} failed{peer_txt}: {cause}")
+
+
+class Deadline:
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.at = time.monotonic() + seconds
+
+    def remaining(self) -> float:
+        return self.at - time.monotonic()
+
+    def expired(self) -> bool:
+        return time.monotonic() >= self.at
+
+
+def spin_wait(ready: Callable[[], bool], deadline: Deadline,
+              check: Callable[[], None], what: Callable[[], str],
+              ctx: OpContext, peer: Callable[[], int | None]) -> None:
+    """Return once `ready()`; poll fast, then yield, then nap. `check()` raises on a dead
+    peer; past the deadline a CommTimeoutError names `what()` we waited for."""
+    for _ in range(_SPIN_POLLS):
+        if ready():
+            return
+    polls = 0
+    nap = 0.00005
+    next_check = 0.0
+    while not ready():
+        now = time.monotonic()
+        if now >= next_check:
+            check()
+            if now >= deadline.at:
+                raise ctx.error(peer(), f"no progress for {deadline.seconds:g} s "
+                                f"(RINGFLOW_COMM_TIMEOUT) waiting for {what()}", timeout=True)
+            next_check = now + _CHECK_EVERY
+        polls += 1
+        if polls < _YIELD_POLLS:
+            os.sched_yield()
+        else:
+            time.sleep(nap)
+            nap = min(nap * 2, _MAX_NAP)
+
+
+def process_state(pid: int) -> str | None:
+    """The state letter of a local process (R, S, T, Z, ...), or None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    # the command name in parentheses may contain spaces; the state follows the last ')'
+    return stat[stat.rindex(b")") + 2:stat.rindex(b")") + 3].decode()

@@ -1,0 +1,123 @@
+"""Shared-memory transport for the ranks of one host: one segment per rank,
+/dev/shm/ringflow-<job id>-ring<ring>-p<position>, holding a header of counters and two data
+slots. Segments are unlinked as soon as every peer has mapped them, so a crash leaks nothing
+after setup; an atexit hook unlinks any this process created and still holds a name for.
+
+Synchronisation is by monotonically increasing sequence counters in each header (one writer
+each). x86 keeps stores in program order (TSO), so data written before a counter store are
+visible to a reader that sees the new counter value.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import mmap
+import os
+import time
+
+import numpy as np
+
+from ringflow.distributed.collective.transport.base import OpContext, process_state
+
+SHM_DIR = "/dev/shm"
+HEADER = 4096
+# header words (int64): 0 = sequence counter, 1 = pid, 2 and 3 = op signature per slot
+SEQ, PID, SIG0 = 0, 1, 2
+
+_created: set[str] = set()
+
+
+def _unlink_created() -> None:
+    for name in list(_created):
+        unlink(name)
+
+
+atexit.register(_unlink_created)
+
+
+def unlink(name: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(os.path.join(SHM_DIR, name))
+    _created.discard(name)
+
+
+def segment_name(job_id: str, ring_id: int, pos: int) -> str:
+    return f"ringflow-{job_id}-ring{ring_id}-p{pos}"
+
+
+class Segment:
+    """One mapped segment: `words` (int64 header) and `data` (two slots of bytes)."""
+
+    def __init__(self, mm: mmap.mmap, slot_bytes: int) -> None:
+        self.mm = mm
+        self.words = memoryview(mm)[:64].cast("q")
+        self.data = np.frombuffer(mm, dtype=np.uint8, count=2 * slot_bytes, offset=HEADER)
+        self.slot_bytes = slot_bytes
+
+    def slot(self, k: int) -> np.ndarray:
+        return self.data[k * self.slot_bytes:(k + 1) * self.slot_bytes]
+
+    def close(self) -> None:
+        self.words.release()
+        del self.data
+        # BufferError: a view is still alive somewhere; the mapping goes with the process
+        with contextlib.suppress(BufferError):
+            self.mm.close()
+
+
+def create_segment(name: str, slot_bytes: int) -> Segment:
+    path = os.path.join(SHM_DIR, name)
+    flags = os.O_CREAT | os.O_EXCL | os.O_RDWR
+    try:
+        fd = os.open(path, flags, 0o600)
+    except FileExistsError:
+        # left by a crashed earlier incarnation of this ring in this job: never reuse data
+        os.unlink(path)
+        fd = os.open(path, flags, 0o600)
+    _created.add(name)
+    try:
+        os.ftruncate(fd, HEADER + 2 * slot_bytes)
+        mm = mmap.mmap(fd, HEADER + 2 * slot_bytes)
+    finally:
+        os.close(fd)
+    seg = Segment(mm, slot_bytes)
+    seg.words[PID] = os.getpid()
+    return seg
+
+
+def open_segment(name: str, slot_bytes: int) -> Segment:
+    fd = os.open(os.path.join(SHM_DIR, name), os.O_RDWR)
+    try:
+        if os.fstat(fd).st_size != HEADER + 2 * slot_bytes:
+            raise ValueError(f"shared-memory segment {name} has size {os.fstat(fd).st_size}, "
+                             f"expected {HEADER + 2 * slot_bytes}")
+        mm = mmap.mmap(fd, HEADER + 2 * slot_bytes)
+    finally:
+        os.close(fd)
+    return Segment(mm, slot_bytes)
+
+
+class PeerWatch:
+    """Liveness of the local peers by their pid: gone or zombie = dead; stopped (SIGSTOP)
+    for longer than the heartbeat timeout = silent."""
+
+    def __init__(self, pids: dict[int, int], ctx: OpContext, stopped_limit: float) -> None:
+        self.pids = pids  # rank -> pid
+        self.ctx = ctx
+        self.stopped_limit = stopped_limit
+        self._stopped_since: dict[int, float] = {}
+
+    def check(self) -> None:
+        now = time.monotonic()
+        for rank, pid in self.pids.items():
+            state = process_state(pid)
+            if state is None or state in "ZX":
+                raise self.ctx.error(rank, f"rank {rank} (pid {pid}) died")
+            if state in "Tt":
+                since = self._stopped_since.setdefault(rank, now)
+                if now - since > self.stopped_limit:
+                    raise self.ctx.error(rank, f"rank {rank} (pid {pid}) has been stopped for "
+                                         f"{now - since:.0f} s (RINGFLOW_HEARTBEAT_TIMEOUT)")
+            else:
+                self._stopped_since.pop(rank, None)

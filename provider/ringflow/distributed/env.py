@@ -1,0 +1,155 @@
+"""The worker environment contract of DESIGN.md section 3, parsed into a `WorkerEnv`, and the
+collective timeouts (RINGFLOW_*_TIMEOUT) read from the environment.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from ringflow.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+@dataclass(frozen=True)
+class WorkerEnv:
+    """Who this process is in the job. `endpoints` always holds one endpoint per rank."""
+
+    rank: int
+    world_size: int
+    endpoints: tuple[Endpoint, ...]
+    local_rank: int
+    job_id: str
+    token: str = field(repr=False)  # a secret: never in a repr or a log
+
+    @property
+    def endpoint(self) -> Endpoint:
+        return self.endpoints[self.rank]
+
+
+@dataclass(frozen=True)
+class CommSettings:
+    """Deadlines of the collectives (seconds)."""
+
+    comm_timeout: float = 300.0
+    rendezvous_timeout: float = 120.0
+    heartbeat_timeout: float = 20.0
+    transport: str = "auto"  # "auto" (shm between ranks of one IP, else tcp) or "tcp"
+
+
+def _int_var(environ: Mapping[str, str], name: str, minimum: int = 0) -> int:
+    raw = environ.get(name)
+    if raw is None or raw.strip() == "":
+        raise ConfigError(f"environment variable {name} is not set; the launcher "
+                          "(python -m ringflow.launch) sets it for every worker")
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not an integer") from None
+    if value < minimum:
+        raise ConfigError(f"{name}={value} must be >= {minimum}")
+    return value
+
+
+def _float_var(environ: Mapping[str, str], name: str, default: float) -> float:
+    raw = environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a number of seconds") from None
+    if not value > 0:
+        raise ConfigError(f"{name}={value} must be a positive number of seconds")
+    return value
+
+
+def parse_endpoint(text: str, var: str) -> Endpoint:
+    host, sep, port = text.strip().rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"{var}: endpoint {text!r} is not of the form ip:port")
+    return Endpoint(host.strip("[]"), int(port))
+
+
+def expand_endpoints(listed: list[Endpoint], world_size: int, var: str,
+                     local_size: int | None) -> tuple[Endpoint, ...]:
+    """One endpoint per rank. Per-host style (fewer endpoints than ranks, PopRun's): the ranks
+    of host h are contiguous (host-major) and listen on the host's port + local rank."""
+    if len(listed) == world_size:
+        return tuple(listed)
+    nhosts = len(listed)
+    if local_size is None:
+        if nhosts == 0 or world_size % nhosts:
+            raise ConfigError(f"{var} lists {nhosts} endpoints for {world_size} ranks: expected "
+                              f"one per rank or one per host (world size divisible by hosts)")
+        local_size = world_size // nhosts
+    if local_size * nhosts != world_size:
+        raise ConfigError(f"{var} lists {nhosts} host endpoints with PADDLE_LOCAL_SIZE="
+                          f"{local_size} ranks each, but PADDLE_TRAINERS_NUM={world_size}")
+    return tuple(Endpoint(ep.host, ep.port + i) for ep in listed for i in range(local_size))
+
+
+def worker_env(environ: Mapping[str, str] | None = None) -> WorkerEnv:
+    """Parse the env contract; a missing or invalid variable raises ConfigError naming it."""
+    environ = os.environ if environ is None else environ
+    world = _int_var(environ, "PADDLE_TRAINERS_NUM", minimum=1)
+    rank = _int_var(environ, "PADDLE_TRAINER_ID")
+    if rank >= world:
+        raise ConfigError(f"PADDLE_TRAINER_ID={rank} must be < PADDLE_TRAINERS_NUM={world}")
+    var = "PADDLE_TRAINER_ENDPOINTS"
+    raw = environ.get(var, "")
+    listed = [parse_endpoint(t, var) for t in raw.split(",") if t.strip()]
+    if not listed:
+        raise ConfigError(f"environment variable {var} is not set (comma-separated ip:port)")
+    per_host = len(listed) != world
+    local_rank = _int_var(environ, "PADDLE_RANK_IN_NODE") if per_host else \
+        int(environ.get("PADDLE_RANK_IN_NODE") or 0)
+    local_size = _int_var(environ, "PADDLE_LOCAL_SIZE", 1) if environ.get(
+        "PADDLE_LOCAL_SIZE") else None
+    endpoints = expand_endpoints(listed, world, var, local_size)
+    if per_host:
+        _check_local_rank(endpoints, rank, local_rank, environ)
+    job_id = environ.get("RINGFLOW_JOB_ID", "")
+    token = environ.get("RINGFLOW_JOB_TOKEN", "")
+    if not job_id or "-" in job_id or "/" in job_id:
+        raise ConfigError(f"RINGFLOW_JOB_ID={job_id!r}: expected a non-empty id without '-' "
+                          "or '/' (it names shared-memory segments ringflow-<job id>-...)")
+    if not token:
+        raise ConfigError("environment variable RINGFLOW_JOB_TOKEN is not set (the job's "
+                          "rendezvous secret)")
+    return WorkerEnv(rank, world, endpoints, local_rank, job_id, token)
+
+
+def _check_local_rank(endpoints: tuple[Endpoint, ...], rank: int, local_rank: int,
+                      environ: Mapping[str, str]) -> None:
+    current = environ.get("PADDLE_CURRENT_ENDPOINT")
+    if current:
+        host_ep = parse_endpoint(current, "PADDLE_CURRENT_ENDPOINT")
+        mine = Endpoint(host_ep.host, host_ep.port + local_rank)
+        if mine != endpoints[rank]:
+            raise ConfigError(
+                f"PADDLE_CURRENT_ENDPOINT={current} + PADDLE_RANK_IN_NODE={local_rank} gives "
+                f"{mine}, but rank {rank}'s endpoint in PADDLE_TRAINER_ENDPOINTS is "
+                f"{endpoints[rank]}")
+
+
+def comm_settings(environ: Mapping[str, str] | None = None) -> CommSettings:
+    environ = os.environ if environ is None else environ
+    transport = (environ.get("RINGFLOW_TRANSPORT") or "auto").strip().lower()
+    if transport not in ("auto", "tcp", "shm"):
+        raise ConfigError(f"RINGFLOW_TRANSPORT={transport!r}: expected 'tcp' or 'auto'")
+    return CommSettings(
+        comm_timeout=_float_var(environ, "RINGFLOW_COMM_TIMEOUT", 300.0),
+        rendezvous_timeout=_float_var(environ, "RINGFLOW_RENDEZVOUS_TIMEOUT", 120.0),
+        heartbeat_timeout=_float_var(environ, "RINGFLOW_HEARTBEAT_TIMEOUT", 20.0),
+        transport="tcp" if transport == "tcp" else "auto",
+    )

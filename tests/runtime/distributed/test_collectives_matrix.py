@@ -1,0 +1,138 @@
+"""Every collective over world sizes 1-4 and both transports, checked against numpy.
+
+Each (world size, transport) starts its workers once; they run the whole matrix (every dtype x
+op x count 0, 1, odd, non-divisible, larger than a segment) and write their results, which
+these tests compare with the numpy reduction and across ranks (bitwise).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.runtime.distributed.cases import TOLERANCE, all_reduce_cases, reference
+
+# small segments and slots so 6001 elements take many pipelined rounds, and counts above
+# 1 KiB take the distributed (reduce-scatter) shared-memory path
+SMALL_SEGMENTS = {"RINGFLOW_SEGMENT_BYTES": "4096", "RINGFLOW_SHM_SLOT_BYTES": "4096",
+                  "RINGFLOW_SHM_SMALL_BYTES": "1024", "RINGFLOW_COMM_TIMEOUT": "30",
+                  "RINGFLOW_RENDEZVOUS_TIMEOUT": "30"}
+CONFIGS = [(1, "shm"), (2, "shm"), (3, "shm"), (4, "shm"), (2, "tcp"), (3, "tcp"), (4, "tcp"),
+           (4, "two-hosts")]
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    """Run each configuration's workers once; (world, transport) -> per-rank result dicts."""
+    from tests.runtime.distributed.spawn import Spawner
+
+    cache: dict = {}
+
+    def get(world: int, transport: str) -> list[dict]:
+        if (world, transport) not in cache:
+            tmp = tmp_path_factory.mktemp(f"matrix{world}{transport}")
+            spawner = Spawner(tmp)
+            env = dict(SMALL_SEGMENTS)
+            hosts = None
+            if transport == "tcp":
+                env["RINGFLOW_TRANSPORT"] = "tcp"
+            if transport == "two-hosts":  # 127.0.0.2 stands for a second host
+                hosts = ["127.0.0.1", "127.0.0.2"] * (world // 2)
+            try:
+                job = spawner("matrix.py", world, env=env, hosts=hosts)
+                codes = job.wait(timeout=90)
+                assert codes == [0] * world, job.output()
+                assert job.shm_segments() == []
+            finally:
+                spawner.close()
+            cache[(world, transport)] = [dict(np.load(tmp / f"rank{r}.npz"))
+                                         for r in range(world)]
+        return cache[(world, transport)]
+
+    return get
+
+
+pytestmark = [pytest.mark.multiproc, pytest.mark.timeout(180)]
+params = pytest.mark.parametrize("world,transport", CONFIGS, ids=[f"{w}-{t}" for w, t in CONFIGS])
+
+
+def _same_bytes_everywhere(per_rank: list[dict], key: str) -> None:
+    first = per_rank[0][key]
+    for r, res in enumerate(per_rank[1:], 1):
+        assert res[key].dtype == first.dtype and res[key].tobytes() == first.tobytes(), \
+            f"{key}: rank {r} differs from rank 0"
+
+
+@params
+def test_all_reduce_equals_numpy_for_every_dtype_op_and_count(results, world, transport):
+    per_rank = results(world, transport)
+    for case in all_reduce_cases():
+        expected, scale = reference(case, world)
+        got = per_rank[0][case.key]
+        assert got.dtype == np.dtype(case.dtype) and got.shape == (case.count,), case.key
+        if case.dtype.startswith("int") or case.op in ("MAX", "MIN"):
+            np.testing.assert_array_equal(got, expected.astype(got.dtype), err_msg=case.key)
+        else:
+            err = np.abs(got.astype(np.float64) - expected)
+            tol = TOLERANCE[case.dtype] * np.maximum(scale, np.abs(expected))
+            assert np.all(err <= tol), (case.key, float(np.max(err - tol)))
+
+
+@params
+def test_all_reduce_leaves_bitwise_identical_bytes_on_every_rank(results, world, transport):
+    per_rank = results(world, transport)
+    for case in all_reduce_cases():
+        _same_bytes_everywhere(per_rank, case.key)
+
+
+@params
+def test_broadcast_copies_the_source_rank_everywhere(results, world, transport):
+    for _rank, res in enumerate(results(world, transport)):
+        for src in range(world):
+            np.testing.assert_array_equal(res[f"bcast_src{src}"], np.full(1003, src, np.float32))
+        np.testing.assert_array_equal(res["bcast_big"], np.arange(6001) * world)
+
+
+@params
+def test_all_gather_returns_every_rank_in_rank_order(results, world, transport):
+    for res in results(world, transport):
+        for count in (0, 7, 1003):
+            want = np.stack([np.arange(count) + 1000.0 * r for r in range(world)])
+            np.testing.assert_array_equal(res[f"gather{count}"].reshape(want.shape), want)
+
+
+@params
+def test_reduce_gives_the_sum_to_dst_only(results, world, transport):
+    for rank, res in enumerate(results(world, transport)):
+        mine = np.arange(11) + rank
+        want = sum(np.arange(11) + r for r in range(world)) if rank == world - 1 else mine
+        np.testing.assert_array_equal(res["reduce"], want)
+
+
+@params
+def test_reduce_scatter_gives_each_rank_its_reduced_part(results, world, transport):
+    for rank, res in enumerate(results(world, transport)):
+        want = sum(10.0 * r + rank for r in range(world))
+        np.testing.assert_array_equal(res["reduce_scatter"], np.full(5, want))
+
+
+@params
+def test_non_contiguous_async_group_and_ring_interfaces(results, world, transport):
+    per_rank = results(world, transport)
+    total = world * (world + 1) // 2
+    for rank, res in enumerate(per_rank):
+        grid = np.arange(12, dtype=np.float32).reshape(3, 4)[:, ::2]
+        np.testing.assert_array_equal(res["strided"], grid * total)
+        assert res["async_done"].tolist() == [True]
+        np.testing.assert_array_equal(res["ring_all_reduce"], np.full(6, total))
+        np.testing.assert_array_equal(res["ring_all_gather"],
+                                      np.repeat(np.arange(world), 2).reshape(world, 2))
+        if rank in (0, world - 1):
+            np.testing.assert_array_equal(res["group"], np.full(4, 1.0 + world if world > 1
+                                                                else 1.0))
+        if world > 1:
+            np.testing.assert_array_equal(res["recv"],
+                                          np.arange(9) + 100 * ((rank - 1) % world))
+        want = "shm" if transport == "shm" and world > 1 else "tcp"
+        if world > 1:
+            assert res["transport"].tolist() == [want]
