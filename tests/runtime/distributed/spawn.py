@@ -100,10 +100,11 @@ class Spawner:
 
     def __call__(self, worker: str, nprocs: int, args: list[str] | None = None,
                  env: dict[str, str] | None = None, hosts: list[str] | None = None,
-                 per_rank_env: dict[int, dict[str, str]] | None = None) -> Job:
+                 per_rank_env: dict[int, dict[str, str]] | None = None,
+                 ports: list[int] | None = None) -> Job:
         hosts = hosts or ["127.0.0.1"] * nprocs
         # held open together, so distinct; a port free on 127.0.0.1 serves any 127.x too
-        endpoints = [f"{h}:{p}" for h, p in zip(hosts, free_ports(nprocs))]
+        endpoints = [f"{h}:{p}" for h, p in zip(hosts, ports or free_ports(nprocs))]
         job = Job(secrets.token_hex(4), secrets.token_hex(16), [], [], endpoints)
         self.jobs.append(job)
         for rank in range(nprocs):
