@@ -81,6 +81,10 @@ def _job_body(argv: list[str], env: Mapping[str, str]) -> str:
         f"{shlex.join(argv)}\n"
         "rc=$?\n"
         'rm -f "$f"\n'
+        # The last try out removes the task's directory, so finished jobs leave nothing.
+        'if ! ls "$d"/try-*.pgid > /dev/null 2>&1; then\n'
+        '  rm -f "$d/job"; rmdir "$d" 2> /dev/null\n'
+        "fi\n"
         "exit $rc\n"
     )
 

@@ -1,0 +1,304 @@
+"""PopRunOperator: compose a Graphcore PopRun command and run it on a launch host over SSH."""
+
+from __future__ import annotations
+
+import shlex
+import threading
+import time
+from collections.abc import Container, Iterable
+from functools import cached_property
+from typing import Any, ClassVar
+
+from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowException, AirflowSkipException
+from airflow.sdk.log import mask_secret
+from pydantic import TypeAdapter
+
+from ringflow.errors import RingflowError
+from ringflow_provider.hooks.multi_ssh import MultiHostSSHHook
+from ringflow_provider.models import check_host
+from ringflow_provider.poprun import (
+    FIELD_NAMES,
+    MASK,
+    PopRunConfig,
+    build_poprun_argv,
+    mask_argv,
+    parse_config,
+    secret_values,
+    validate_field,
+)
+from ringflow_provider.remote_job import (
+    JobId,
+    find_executable_command,
+    kill_command,
+    launch_command,
+    parse_pgid,
+)
+
+_BOOL = TypeAdapter(bool)
+ON_KILL_BUDGET_S = 1.8  # Airflow sends SIGKILL about 5 s after SIGTERM; stay well inside
+
+
+def _templated(value: Any) -> bool:
+    if isinstance(value, str):
+        return "{{" in value or "{%" in value
+    if isinstance(value, (list, tuple)):
+        return any(_templated(v) for v in value)
+    if isinstance(value, dict):
+        return any(_templated(k) or _templated(v) for k, v in value.items())
+    return False
+
+
+class PopRunOperator(BaseOperator):
+    """Run a PopRun job (the command Paddle's IPUController composes) on a launch host via SSH.
+
+    Every PopRun field is validated with pydantic (``PopRunConfig``): literal values when the
+    DAG is parsed, templated ones when the task runs. List and dict fields also take the JSON
+    text a template renders to.
+
+    :param hosts: hosts running instances, a comma string or a list (templated)
+    :param nproc_per_host: instances per host (templated)
+    :param ipus_per_replica: IPUs per replica (templated)
+    :param num_ipus: IPUs in total (templated)
+    :param ipu_partition: V-IPU partition (templated)
+    :param vipu_server: V-IPU server host (templated)
+    :param training_script: the script every instance runs (templated)
+    :param training_script_args: its arguments, a list (templated)
+    :param python: interpreter on the hosts, default ``python3`` (templated)
+    :param popart_log_level: exported to every instance as POPART_LOG_LEVEL (templated)
+    :param endpoint_port: port of the per-host PADDLE endpoints, default 8090 (templated)
+    :param update_partition: ``--update-partition`` yes/no, default False (templated)
+    :param vipu_server_timeout: ``--vipu-server-timeout`` seconds, default 120 (templated)
+    :param print_topology: ``--print-topology`` yes/no, default True (templated)
+    :param numa_aware: ``--numa-aware`` yes/no, default True (templated)
+    :param mpi_global_args: tokens of ``--mpi-global-args`` (templated)
+    :param extra_poprun_args: further poprun flags, placed before the interpreter (templated)
+    :param extra_env: variables exported to every instance with mpirun ``-x``; values under
+        names containing secret/password/token/key are masked in logs and XCom (templated)
+    :param poprun: the poprun executable on the launch host, default ``poprun`` (templated)
+    :param ssh_conn_id: an ``ssh`` connection whose credentials reach every host (templated)
+    :param launch_host: where poprun runs; default the first host (templated)
+    :param preflight: check every host over SSH and poprun on the launch host first
+    :param dry_run: render, validate and log the command only; no SSH at all (templated)
+    :param conn_timeout: seconds for each SSH connect, banner and authentication
+    :param cmd_timeout: seconds without output before failing; None (default) = no limit
+    :param skip_on_exit_code: exit code(s) that mark the task skipped instead of failed
+    :param remote_state_dir: directory on the launch host for the jobs' pid files;
+        default ``$HOME/.ringflow/jobs``
+    """
+
+    template_fields = (*FIELD_NAMES, "ssh_conn_id", "launch_host", "dry_run")
+    template_fields_renderers: ClassVar[dict[str, str]] = {
+        "training_script_args": "json",
+        "extra_env": "json",
+        "mpi_global_args": "json",
+        "extra_poprun_args": "json",
+    }
+    template_ext = ()
+    ui_color = "#c9e7f5"
+
+    def __init__(
+        self,
+        *,
+        hosts: str | list[str],
+        nproc_per_host: int | str,
+        ipus_per_replica: int | str,
+        num_ipus: int | str,
+        ipu_partition: str,
+        vipu_server: str,
+        training_script: str,
+        training_script_args: list[str] | str | None = None,
+        python: str = "python3",
+        popart_log_level: str | None = None,
+        endpoint_port: int | str = 8090,
+        update_partition: bool | str = False,
+        vipu_server_timeout: int | str = 120,
+        print_topology: bool | str = True,
+        numa_aware: bool | str = True,
+        mpi_global_args: list[str] | str | None = None,
+        extra_poprun_args: list[str] | str | None = None,
+        extra_env: dict[str, str] | str | None = None,
+        poprun: str = "poprun",
+        ssh_conn_id: str = MultiHostSSHHook.default_conn_name,
+        launch_host: str | None = None,
+        preflight: bool = True,
+        dry_run: bool | str = False,
+        conn_timeout: float = 10,
+        cmd_timeout: float | None = None,
+        skip_on_exit_code: int | Container[int] | None = None,
+        remote_state_dir: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        kwargs.setdefault("retries", 1)
+        super().__init__(**kwargs)
+        given = locals()
+        for name in FIELD_NAMES:
+            setattr(self, name, given[name])
+        if self.training_script_args is None:
+            self.training_script_args = []
+        self.ssh_conn_id = ssh_conn_id
+        self.launch_host = launch_host
+        self.preflight = preflight
+        self.dry_run = dry_run
+        self.conn_timeout = conn_timeout
+        self.cmd_timeout = cmd_timeout
+        self.skip_on_exit_code = self._exit_codes(skip_on_exit_code)
+        self.remote_state_dir = remote_state_dir
+        # Plain flags, not threading.Event: Airflow deep-copies operators, locks cannot be.
+        self._killed = False
+        self._stop_streaming = False
+        self._job: JobId | None = None
+        self._pgid: int | None = None
+        self._secret_values: list[str] = []
+        self._validate_literals()
+
+    @staticmethod
+    def _exit_codes(codes: int | Container[int] | None) -> frozenset[int]:
+        if codes is None:
+            return frozenset()
+        if isinstance(codes, int):
+            return frozenset({codes})
+        return frozenset(codes)  # type: ignore[arg-type]
+
+    def _validate_literals(self) -> None:
+        """Cheap parse-time check of the non-templated arguments (no I/O)."""
+        values = {name: getattr(self, name) for name in FIELD_NAMES}
+        try:
+            if not any(_templated(v) for v in values.values()):
+                parse_config(values)
+            else:
+                for name, value in values.items():
+                    if not _templated(value):
+                        validate_field(name, value)
+            if self.launch_host and not _templated(self.launch_host):
+                check_host(self.launch_host)
+        except (RingflowError, ValueError) as exc:
+            raise AirflowException(f"task {self.task_id!r}: {exc}") from None
+
+    @cached_property
+    def hook(self) -> MultiHostSSHHook:
+        return MultiHostSSHHook(self.ssh_conn_id, self.conn_timeout, self.cmd_timeout)
+
+    @staticmethod
+    def _flag(name: str, value: bool | str) -> bool:
+        try:
+            return _BOOL.validate_python(value)
+        except ValueError:
+            raise AirflowException(f"{name}: expected a boolean, got {value!r}") from None
+
+    def _config(self) -> PopRunConfig:
+        try:
+            config = parse_config({name: getattr(self, name) for name in FIELD_NAMES})
+            if self.launch_host:
+                check_host(self.launch_host.strip())
+        except (RingflowError, ValueError) as exc:
+            raise AirflowException(str(exc)) from None
+        return config
+
+    def _secrets(self, config: PopRunConfig) -> list[str]:
+        password = None
+        if not self.dry_run:
+            password = self.hook.get_connection(self.ssh_conn_id).password
+        secrets = secret_values(config, [password])
+        for secret in secrets:
+            mask_secret(secret)
+        self._secret_values = secrets
+        return secrets
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        self.dry_run = self._flag("dry_run", self.dry_run)
+        config = self._config()
+        launch_host = (self.launch_host or "").strip() or config.hosts[0]
+        argv = build_poprun_argv(config)
+        secrets = self._secrets(config)
+        masked = mask_argv(argv, secrets)
+        summary: dict[str, Any] = {
+            "argv": masked, "num_instances": config.num_instances,
+            "num_replicas": config.num_replicas, "launch_host": launch_host,
+            "exit_code": None, "duration_s": 0.0, "dry_run": self.dry_run,
+        }
+        self.log.info("PopRun command on %s: %s", launch_host, shlex.join(masked))
+        if self.dry_run:
+            self.log.info("dry_run: validated and rendered only; nothing was started")
+            return summary
+        started = time.monotonic()
+        try:
+            exit_code, tail = self._run(context, config, argv, launch_host)
+        except RingflowError as exc:
+            raise AirflowException(self._mask(str(exc), secrets)) from None
+        finally:
+            self.hook.close()
+        summary["exit_code"] = exit_code
+        summary["duration_s"] = round(time.monotonic() - started, 3)
+        self._check_exit(exit_code, tail, launch_host, secrets)
+        return summary
+
+    def _run(self, context: Any, config: PopRunConfig, argv: list[str],
+             launch_host: str) -> tuple[int, list[str]]:
+        if self.preflight:
+            self.hook.check_hosts(config.hosts, launch_host, config.poprun,
+                                  find_executable_command(config.poprun))
+        ti = context["ti"]
+        self._job = JobId(ti.dag_id, ti.task_id, ti.run_id, int(ti.try_number))
+        command = launch_command(self._job, argv, config.extra_env, self.remote_state_dir)
+        result = self.hook.stream(launch_host, command, self._log_line,
+                                  should_stop=lambda: self._stop_streaming)
+        return result.exit_code, [line for line in result.tail if parse_pgid(line) is None]
+
+    def _log_line(self, stream: str, line: str) -> None:
+        # Airflow's masker redacts task logs too; masking here also covers logs outside a task.
+        line = self._mask(line, self._secret_values)
+        if self._pgid is None and stream == "stdout" and (pgid := parse_pgid(line)):
+            self._pgid = pgid
+            self.log.info("job %s runs as process group %d", self._job, pgid)
+        elif stream == "stdout":
+            self.log.info("%s", line)
+        else:
+            self.log.warning("%s", line)
+
+    @staticmethod
+    def _mask(text: str, secrets: Iterable[str]) -> str:
+        for secret in secrets:
+            text = text.replace(secret, MASK)
+        return text
+
+    def _check_exit(self, exit_code: int, tail: list[str], host: str,
+                    secrets: list[str]) -> None:
+        if self._killed:
+            raise AirflowException(f"PopRun job {self._job} on {host!r} was killed (on_kill)")
+        if exit_code == 0:
+            return
+        if exit_code in self.skip_on_exit_code:
+            raise AirflowSkipException(f"PopRun exited with {exit_code} on {host!r}: skipped")
+        lines = "\n".join(tail)
+        raise AirflowException(self._mask(
+            f"PopRun failed on {host!r} with exit code {exit_code}; last {len(tail)} lines:\n"
+            f"{lines}", secrets))
+
+    def on_kill(self) -> None:
+        """Kill the remote process group with one detached command; return within 2 s."""
+        self._killed = True
+        job, pgid = self._job, self._pgid
+        if job is None or self.dry_run:
+            self._stop_streaming = True
+            return
+        worker = threading.Thread(target=self._send_kill, args=(job, pgid), daemon=True)
+        worker.start()
+        worker.join(ON_KILL_BUDGET_S)
+        if worker.is_alive():
+            self.log.warning("on_kill: the kill command for %s is still being sent", job)
+        self._stop_streaming = True
+
+    def _send_kill(self, job: JobId, pgid: int | None) -> None:
+        host = (self.launch_host or "").strip() or self._config().hosts[0]
+        command = kill_command(job, pgid, self.remote_state_dir)
+        hook = self.hook
+        try:
+            client = hook.hook_for(host).client
+            transport = client.get_transport() if client else None
+            if transport is None or not transport.is_active():
+                hook = MultiHostSSHHook(self.ssh_conn_id, ON_KILL_BUDGET_S, None)
+            code, out, err = hook.run(host, command, timeout=ON_KILL_BUDGET_S)
+            self.log.info("on_kill on %s: %s", host, (out + err).strip() or f"exit {code}")
+        except Exception as exc:  # on_kill must never raise into Airflow's signal handler
+            self.log.error("on_kill could not reach %s to kill job %s: %s", host, job, exc)

@@ -1,0 +1,207 @@
+"""PopRunOperator.execute / on_kill against a real sshd running the stand-in poprun.
+
+These call `execute()` in-process with a minimal context (the task instance's ids) to reach
+the SSH behaviour quickly; test_airflow_cli.py runs the operator through real Airflow.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import textwrap
+import threading
+import time
+import uuid
+from types import SimpleNamespace
+
+import pytest
+from airflow.sdk.exceptions import AirflowException, AirflowSkipException
+
+from ringflow_provider.operators.poprun import PopRunOperator
+from ringflow_provider.poprun import FIELD_NAMES, build_poprun_argv, parse_config
+from tests.provider.conftest import wait_until
+
+pytestmark = [pytest.mark.ssh]
+
+
+def write_script(sshd, body: str) -> str:
+    path = sshd.work_dir / f"train_{uuid.uuid4().hex[:8]}.py"
+    path.write_text("import os, sys, time, signal\n" + textwrap.dedent(body))
+    return str(path)
+
+
+def make_op(sshd, ssh_conn, script, **overrides):
+    args = dict(task_id="poprun", hosts="127.0.0.1", nproc_per_host=1, ipus_per_replica=1,
+                num_ipus=1, ipu_partition="pod16", vipu_server="vipu.test",
+                training_script=script, ssh_conn_id=ssh_conn, conn_timeout=5,
+                remote_state_dir=str(sshd.state_dir))
+    args.update(overrides)
+    op = PopRunOperator(**args)
+    lines: list[tuple[str, str]] = []
+    log_line = op._log_line
+
+    def recording(stream, line):  # what reached the operator, in order, before logging
+        lines.append((stream, line))
+        log_line(stream, line)
+
+    op._log_line = recording
+    return op, lines
+
+
+def context(run_id=None, try_number=1):
+    ti = SimpleNamespace(dag_id="ringflow_test", task_id="poprun",
+                         run_id=run_id or f"run-{uuid.uuid4().hex[:8]}", try_number=try_number)
+    return {"ti": ti}
+
+
+def processes_running(marker: str) -> list[str]:
+    out = subprocess.run(["ps", "-ww", "-eo", "pid,pgid,stat,args"], capture_output=True, text=True,
+                         check=True, timeout=10).stdout
+    return [line for line in out.splitlines() if marker in line and " Z" not in line]
+
+
+def run_in_thread(op, ctx):
+    outcome: dict = {}
+
+    def target():
+        try:
+            outcome["result"] = op.execute(ctx)
+        except BaseException as exc:
+            outcome["error"] = exc
+
+    worker = threading.Thread(target=target, daemon=True)
+    worker.start()
+    return worker, outcome
+
+
+def test_remote_poprun_receives_exactly_the_built_argv(sshd, ssh_conn):
+    script = write_script(sshd, """
+        print("env", os.environ["PADDLE_TRAINER_ID"], os.environ["PADDLE_RANK_IN_NODE"],
+              os.environ["PADDLE_CURRENT_ENDPOINT"], os.environ["RUN_NAME"], flush=True)
+    """)
+    pwned = sshd.work_dir / "pwned"
+    hostile = ["a b", f"$(touch {pwned})", "it's", "*", "`id`; echo x", "line\nbreak"]
+    fields = dict(hosts="127.0.0.1, localhost", nproc_per_host=2, num_ipus=4,
+                  training_script_args=hostile, extra_env={"RUN_NAME": "exp-1"})
+    op, lines = make_op(sshd, ssh_conn, script, **fields)
+    result = op.execute(context())
+    cfg = parse_config({name: getattr(op, name) for name in FIELD_NAMES})
+    argv = build_poprun_argv(cfg)
+    received = next(line for _, line in lines if line.startswith("standin-poprun argv="))
+    assert json.loads(received.split("=", 1)[1]) == argv[1:]
+    envs = [json.loads(line.split("env=", 1)[1]) for _, line in lines
+            if line.startswith("standin-poprun instance=")]
+    assert [(e["PADDLE_TRAINER_ID"], e["PADDLE_RANK_IN_NODE"], e["PADDLE_CURRENT_ENDPOINT"])
+            for e in envs] == [("0", "0", "127.0.0.1:8090"), ("1", "1", "127.0.0.1:8090"),
+                               ("2", "0", "localhost:8090"), ("3", "1", "localhost:8090")]
+    assert sorted(line for _, line in lines if line.startswith("env ")) == [
+        "env 0 0 127.0.0.1:8090 exp-1", "env 1 1 127.0.0.1:8090 exp-1",
+        "env 2 0 localhost:8090 exp-1", "env 3 1 localhost:8090 exp-1"]
+    assert not pwned.exists()
+    assert result["argv"] == argv
+    assert (result["num_instances"], result["num_replicas"], result["exit_code"]) == (4, 4, 0)
+    assert result["launch_host"] == "127.0.0.1"
+    assert result["duration_s"] > 0
+    assert list(sshd.state_dir.iterdir()) == []  # pid file and job dir removed after the run
+
+
+def test_secret_env_values_are_masked_in_streamed_lines_and_xcom(sshd, ssh_conn):
+    script = write_script(sshd, 'print("token is", os.environ["API_TOKEN"], flush=True)\n')
+    op, lines = make_op(sshd, ssh_conn, script, extra_env={"API_TOKEN": "tok-8c1e55"})
+    result = op.execute(context())
+    assert ("stdout", "token is tok-8c1e55") in lines  # the job itself gets the real value
+    assert "tok-8c1e55" not in json.dumps(result)
+    assert any(a.endswith("-x API_TOKEN=***") for a in result["argv"])
+
+
+def test_nonzero_exit_fails_with_the_code_and_the_last_20_lines(sshd, ssh_conn):
+    script = write_script(sshd, """
+        for i in range(1, 31):
+            print(f"line {i}", flush=True)
+        sys.exit(3)
+    """)
+    op, _ = make_op(sshd, ssh_conn, script)
+    with pytest.raises(AirflowException) as info:
+        op.execute(context())
+    message = str(info.value)
+    assert message.startswith("PopRun failed on '127.0.0.1' with exit code 3; last 20 lines:\n")
+    assert message.splitlines()[1:] == [f"line {i}" for i in range(11, 31)]
+
+
+@pytest.mark.parametrize("skip", [42, [41, 42]])
+def test_exit_code_listed_in_skip_on_exit_code_skips_the_task(sshd, ssh_conn, skip):
+    script = write_script(sshd, "sys.exit(42)\n")
+    op, _ = make_op(sshd, ssh_conn, script, skip_on_exit_code=skip)
+    with pytest.raises(AirflowSkipException, match=r"PopRun exited with 42 on '127\.0\.0\.1'"):
+        op.execute(context())
+
+
+def test_preflight_failure_names_the_host_before_anything_starts(sshd, ssh_conn):
+    script = write_script(sshd, "print('must not run')\n")
+    op, lines = make_op(sshd, ssh_conn, script, poprun="poprun-not-installed")
+    with pytest.raises(AirflowException, match=r"preflight failed: 'poprun-not-installed' not "
+                                               r"found on launch host '127\.0\.0\.1'"):
+        op.execute(context())
+    assert lines == []
+
+
+def test_dry_run_renders_and_validates_without_ssh(sshd):
+    op, lines = make_op(sshd, "no_such_connection", "train.py", dry_run=True, num_ipus=8,
+                        hosts="n1,n2", nproc_per_host=2)
+    result = op.execute(context())
+    assert result["exit_code"] is None and result["dry_run"] is True
+    assert result["argv"][1:3] == ["--num-instances=4", "--num-replicas=8"]
+    assert lines == []
+
+
+def test_on_kill_kills_the_remote_group_returns_at_once_and_fails_execute(sshd, ssh_conn):
+    # The instance ignores SIGTERM, so only the SIGKILL sent 5 s later can end it.
+    script = write_script(sshd, """
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        print("ready", flush=True)
+        time.sleep(300)
+    """)
+    op, lines = make_op(sshd, ssh_conn, script)
+    worker, outcome = run_in_thread(op, context())
+    try:
+        wait_until(lambda: ("stdout", "ready") in lines, 30, "the job to start")
+        assert op._pgid is not None
+        started = time.monotonic()
+        op.on_kill()
+        on_kill_s = time.monotonic() - started
+        worker.join(10)
+        assert not worker.is_alive()
+        assert processes_running(script)  # on_kill did not wait for the SIGKILL
+        wait_until(lambda: not processes_running(script), 20, "the remote group to die")
+    finally:
+        op.on_kill()
+    assert on_kill_s < 2.0, f"on_kill took {on_kill_s:.2f} s"
+    assert isinstance(outcome.get("error"), AirflowException)
+    assert "was killed (on_kill)" in str(outcome["error"])
+
+
+def test_a_retry_first_stops_what_the_earlier_try_left_running(sshd, ssh_conn):
+    go_quick = sshd.work_dir / f"quick-{uuid.uuid4().hex[:6]}"
+    script = write_script(sshd, f"""
+        if os.path.exists({str(go_quick)!r}):
+            print("second try done", flush=True)
+            sys.exit(0)
+        print("ready", flush=True)
+        time.sleep(300)
+    """)
+    run_id = f"run-{uuid.uuid4().hex[:8]}"
+    first, first_lines = make_op(sshd, ssh_conn, script)
+    worker, _ = run_in_thread(first, context(run_id, try_number=1))
+    wait_until(lambda: ("stdout", "ready") in first_lines, 30, "the first try to start")
+    # The worker of try 1 dies: its SSH connection drops, the remote job stays.
+    first._stop_streaming = True
+    first.hook.close()
+    worker.join(10)
+    assert processes_running(script)
+    go_quick.touch()
+    second, second_lines = make_op(sshd, ssh_conn, script)
+    result = second.execute(context(run_id, try_number=2))
+    assert result["exit_code"] == 0
+    assert ("stderr", f"ringflow: stopping process group {first._pgid} left by an earlier "
+                      "try (try-1.pgid)") in second_lines
+    assert processes_running(script) == []
