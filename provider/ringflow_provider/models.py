@@ -241,6 +241,8 @@ def validate_field(name: str, value: Any) -> Any:
     """Validate one PopRunConfig field alone (no cross-field rules)."""
     if name not in _FIELD_ADAPTERS:
         info = PopRunConfig.model_fields[name]
-        annotated = Annotated.__class_getitem__((info.annotation, *info.metadata))
+        annotated = info.annotation
+        if info.metadata:
+            annotated = Annotated.__class_getitem__((info.annotation, *info.metadata))
         _FIELD_ADAPTERS[name] = TypeAdapter(annotated)
     return _FIELD_ADAPTERS[name].validate_python(value)

@@ -242,6 +242,13 @@ def test_missing_required_fields_are_named():
         assert f"{name}: Field required" in str(info.value)
 
 
+def test_every_field_validates_alone_at_its_value_in_a_full_config():
+    cfg = config(extra_env={"A": "1"}, mpi_global_args=["-v"], extra_poprun_args=["-v"],
+                 popart_log_level="INFO")
+    for name, value in cfg.model_dump().items():
+        assert validate_field(name, value) == value, name
+
+
 def test_one_field_validates_alone_without_the_others():
     assert validate_field("hosts", "a, b") == ["a", "b"]
     assert validate_field("nproc_per_host", "3") == 3

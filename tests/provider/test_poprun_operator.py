@@ -154,6 +154,7 @@ def test_dry_run_renders_and_validates_without_ssh(sshd):
     assert lines == []
 
 
+@pytest.mark.slow
 def test_on_kill_kills_the_remote_group_returns_at_once_and_fails_execute(sshd, ssh_conn):
     # The instance ignores SIGTERM, so only the SIGKILL sent 5 s later can end it.
     script = write_script(sshd, """

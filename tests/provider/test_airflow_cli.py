@@ -1,0 +1,103 @@
+"""The provider inside real Airflow: discovery, DAG import, templating and `airflow tasks test`."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import pytest
+from airflow.sdk.exceptions import AirflowException
+
+from ringflow_provider.operators.poprun import PopRunOperator
+from ringflow_provider.poprun import FIELD_NAMES
+from tests.provider.conftest import CONN_ID, REPO, VENV_BIN
+
+pytestmark = [pytest.mark.airflow]
+
+
+def airflow(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([str(VENV_BIN / "airflow"), *args], capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, timeout=180)
+
+
+def test_airflow_providers_list_shows_the_provider(airflow_home):
+    out = airflow("providers", "list", "-o", "json")
+    assert out.returncode == 0, out.stderr
+    listed = {p["package_name"]: p for p in json.loads(out.stdout)}
+    assert listed["airflow-provider-ringflow"]["version"] == "0.1.0"
+    assert listed["airflow-provider-ringflow"]["description"].startswith("Launch and supervise")
+
+
+def test_example_dags_import_with_zero_errors():
+    from airflow.dag_processing.dagbag import DagBag
+
+    bag = DagBag(dag_folder=str(REPO / "dags"))
+    assert bag.import_errors == {}
+    dag = bag.dags["ringflow_poprun"]
+    assert [t.task_id for t in dag.tasks] == ["poprun"]
+    # The trigger form shows every PopRun field (and the connection and dry-run switch).
+    assert set(FIELD_NAMES) <= set(dag.params.keys())
+
+
+def test_literal_arguments_are_validated_when_the_dag_is_parsed():
+    with pytest.raises(AirflowException, match=r"task 'bad': invalid PopRun configuration: "
+                                               r".*num_ipus=6 is not divisible by "
+                                               r"ipus_per_replica=4"):
+        PopRunOperator(task_id="bad", hosts="n1", nproc_per_host=1, ipus_per_replica=4,
+                       num_ipus=6, ipu_partition="p", vipu_server="s", training_script="t.py")
+    with pytest.raises(AirflowException, match=r"host 'n1' appears more than once"):
+        PopRunOperator(task_id="bad", hosts="n1,n1", nproc_per_host="{{ params.n }}",
+                       ipus_per_replica=1, num_ipus=4, ipu_partition="p", vipu_server="s",
+                       training_script="t.py")
+
+
+def test_templated_arguments_are_validated_when_the_task_runs():
+    op = PopRunOperator(task_id="late", hosts="{{ params.hosts }}", nproc_per_host=1,
+                        ipus_per_replica=1, num_ipus="{{ params.n }}", ipu_partition="p",
+                        vipu_server="s", training_script="t.py", dry_run=True)
+    op.render_template_fields({"params": {"hosts": "a, ,b", "n": 4}})
+    assert op.hosts == "a, ,b"
+    with pytest.raises(AirflowException, match=r"empty host name .* in hosts 'a,,b'"):
+        op.execute({})
+
+
+@pytest.mark.slow
+def test_airflow_tasks_test_renders_params_into_a_dry_run(airflow_home):
+    params = {"hosts": "n1, n2", "num_ipus": 8, "training_script_args": ["--lr", "0.1 x"],
+              "extra_env": {"API_TOKEN": "tok-dry-7731"}, "popart_log_level": "INFO"}
+    out = airflow("tasks", "test", "ringflow_poprun", "poprun", "-t", json.dumps(params))
+    log = out.stdout + out.stderr
+    assert out.returncode == 0, log[-3000:]
+    assert (
+        "PopRun command on n1: poprun --num-instances=4 --num-replicas=8 --ipus-per-replica=1 "
+        "--host=n1,n2 --vipu-partition=pod16 --vipu-server-host=127.0.0.1 "
+        "--update-partition=no --vipu-server-timeout=120 --print-topology=yes --numa-aware=yes "
+        "'--mpi-local-args=-x POPART_LOG_LEVEL=INFO -x PADDLE_TRAINERS_NUM=4 "
+        "-x PADDLE_TRAINER_ENDPOINTS=n1:8090,n2:8090 -x API_TOKEN=***'"
+    ) in log
+    assert "python3 train.py --lr '0.1 x'" in log
+    assert "dry_run: validated and rendered only; nothing was started" in log
+    assert "tok-dry-7731" not in log
+
+
+@pytest.mark.slow
+@pytest.mark.ssh
+def test_airflow_tasks_test_runs_the_job_over_ssh_with_secrets_masked(airflow_home, sshd,
+                                                                      ssh_conn):
+    script = sshd.work_dir / "train_cli.py"
+    script.write_text("import os\nprint('instance', os.environ['PADDLE_TRAINER_ID'],\n"
+                      "      os.environ['API_TOKEN'], os.environ['ECHO_PW'], flush=True)\n")
+    params = {"dry_run": False, "hosts": "127.0.0.1", "nproc_per_host": 1, "num_ipus": 2,
+              "training_script": str(script), "ssh_conn_id": CONN_ID,
+              # The connection's password, echoed by the job, must be masked too.
+              "extra_env": {"API_TOKEN": "tok-live-5521", "ECHO_PW": "conn-pw-Zq81"}}
+    conn_env = {k: v for k, v in os.environ.items() if k.startswith("AIRFLOW_CONN_")}
+    out = airflow("tasks", "test", "ringflow_poprun", "poprun", "-t", json.dumps(params),
+                  env=conn_env)
+    log = out.stdout + out.stderr
+    assert out.returncode == 0, log[-3000:]
+    assert "standin-poprun argv=" in log
+    assert "instance 0 *** ***" in log
+    assert "tok-live-5521" not in log
+    assert "conn-pw-Zq81" not in log
