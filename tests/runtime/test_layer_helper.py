@@ -26,7 +26,8 @@ def test_data_is_a_fed_input_that_needs_no_gradient(programs):
 
 def test_data_redeclared_differently_is_an_error(programs):
     rf.data("x", shape=[-1, 4])
-    with pytest.raises(ProgramError, match="data 'x': the program already has var x"):
+    with pytest.raises(ProgramError,
+                       match=r"data 'x': the program already has data x : float32\[-1, 4\]"):
         rf.data("x", shape=[-1, 5])
 
 

@@ -13,6 +13,7 @@ from ringflow.framework import (
     is_optimizer_op,
     is_update_op,
 )
+from ringflow.framework.printer import role_name
 from ringflow.framework.program import Parameter
 
 
@@ -170,14 +171,53 @@ def test_clone_for_test_drops_backward_and_optimize_ops_and_sets_is_test(scratch
     assert block.ops[0].attr("is_test") is False
 
 
-def test_str_lists_every_op_with_inputs_outputs_and_attrs(scratch_ops):
+def test_str_lists_every_variable_and_op_with_slots_attrs_and_role(scratch_ops):
     prog = rf.Program()
     _chain(prog.global_block())
-    text = str(prog)
-    assert "var x : float32[-1, 3], stop_gradient, is_data" in text
-    assert "param w : float32[1, 3]" in text
-    assert "0: {Out=[h]} = rft_scale(inputs={X=[x]}, op_role=0, scale=2.0)" in text
-    assert "1: {Out=[out]} = rft_add(inputs={X=[h], Y=[w]}, op_role=0)" in text
+    with prog._backward_role_guard():
+        prog.global_block().append_op("rft_scale", inputs={"X": "out"}, outputs={"Out": "g"},
+                                      attrs={"op_role": OpRole.Backward | OpRole.Loss})
+    assert str(prog) == "\n".join([
+        "program (random_seed=0, 1 block)",
+        "block 0 { // 5 vars, 3 ops",
+        "    data    x   : float32[-1, 3]",
+        "    param   w   : float32[1, 3]",
+        "    var     h   : float32[-1, 3]",
+        "    var     out : float32[-1, 3]",
+        "    var     g   : float32[-1, 3]",
+        "",
+        "    0  Forward        {Out=[h]} = rft_scale(X=[x]; scale=2.0)",
+        "    1  Forward        {Out=[out]} = rft_add(X=[h], Y=[w])",
+        "    2  Backward|Loss  {Out=[g]} = rft_scale(X=[out]; scale=1.0)",
+        "}",
+    ])
+
+
+def test_one_op_prints_on_one_line_with_its_role_as_a_comment(scratch_ops):
+    block = rf.Program().global_block()
+    block.create_var(name="x", shape=[2])
+    with block.program._optimized_guard(["p", "p@GRAD"]):
+        op = block.append_op("rft_scale", inputs={"X": "x"}, outputs={"Out": "y"})
+    assert repr(op) == ("{Out=[y]} = rft_scale(X=[x]; op_role_var=[p, p@GRAD], scale=1.0)"
+                        "  # Optimize")
+
+
+@pytest.mark.parametrize("role, name", [
+    (0, "Forward"), (256, "Forward|Loss"), (257, "Backward|Loss"), (2, "Optimize"),
+    (16, "LRSched"), (1 | 8, "Backward|Dist"), (4, "RPC"), (0x1000, "Forward|0x1000"),
+])
+def test_role_names_spell_out_the_bit_flags(role, name):
+    assert role_name(role) == name
+
+
+def test_variables_print_their_kind_dtype_shape_and_flags(scratch_ops):
+    block = rf.Program().global_block()
+    frozen = block.create_parameter("f", shape=[2], trainable=False, is_distributed=True)
+    mask = block.create_var(name="m", shape=[-1, 2], dtype="uint8", stop_gradient=True)
+    state = block.create_var(name="s", shape=[1], persistable=True, stop_gradient=True)
+    assert repr(frozen) == "param f : float32[2], frozen, distributed"
+    assert repr(mask) == "var m : uint8[-1, 2], stop_gradient"
+    assert repr(state) == "persist s : float32[1]"
 
 
 def test_program_guard_switches_default_programs_and_restores_them():

@@ -43,7 +43,7 @@ def test_removed_producer_is_reported_at_the_first_use(mlp):
     assert lines[1] == "  ops around it:"
     assert [line.split(":")[0] for line in lines[2:]] == [
         "        0", "        1", "  >>>   2", "        3", "        4"]
-    assert "matmul_v2(inputs={X=[" + tanh_out in lines[4]
+    assert f"matmul_v2(X=[{tanh_out}]" in lines[4] and lines[4].endswith("# Forward")
 
 
 def test_renamed_input_variable_is_reported(mlp):

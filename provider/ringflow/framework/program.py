@@ -44,10 +44,9 @@ class Variable:
         return len(self.shape or ())
 
     def __repr__(self) -> str:
-        flags = "".join(
-            f", {f}" for f in ("persistable", "stop_gradient", "is_data") if getattr(self, f)
-        )
-        return f"var {self.name} : {self.dtype}{list(self.shape or [])}{flags}"
+        from .printer import var_to_string
+
+        return var_to_string(self)
 
 
 class Parameter(Variable):
@@ -77,11 +76,6 @@ class Parameter(Variable):
         # optimizer's weight_decay applies), as Paddle's Parameter carries them.
         self.need_clip = True
         self.regularizer = None
-
-    def __repr__(self) -> str:
-        extra = ", distributed" if self.is_distributed else ""
-        extra += "" if self.trainable else ", frozen"
-        return f"param {self.name} : {self.dtype}{list(self.shape)}{extra}"
 
 
 def _names(args: Any) -> list[str]:
