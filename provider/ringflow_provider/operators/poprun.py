@@ -241,6 +241,8 @@ class PopRunOperator(BaseOperator):
         ti = context["ti"]
         self._job = JobId(ti.dag_id, ti.task_id, ti.run_id, int(ti.try_number))
         command = launch_command(self._job, argv, config.extra_env, self.remote_state_dir)
+        if self._killed:  # on_kill came during preflight: start nothing
+            return -1, []
         result = self.hook.stream(launch_host, command, self._log_line,
                                   should_stop=lambda: self._stop_streaming)
         return result.exit_code, [line for line in result.tail if parse_pgid(line) is None]
