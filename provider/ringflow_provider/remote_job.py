@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 PGID_MARKER = "ringflow-pgid="
 PGID_LINE = re.compile(r"^ringflow-pgid=(\d+)$")
+TASK_MARK_VAR = "RINGFLOW_POPRUN_TASK"
 DEFAULT_STATE_DIR = '"$HOME"/.ringflow/jobs'  # expanded by the remote shell
 # After SIGTERM an earlier try gets this long (in 0.1 s steps) before SIGKILL.
 STOP_GRACE_STEPS = 50
@@ -44,11 +45,24 @@ def state_dir_expr(state_dir: str | None) -> str:
     return DEFAULT_STATE_DIR if state_dir is None else shlex.quote(state_dir)
 
 
+# A recorded PGID may have ended and its number been reused by an unrelated group; a group is
+# only signalled while one of its processes carries this task's marker in its environment.
+_OURS = r"""ours() {
+  for p in $(ps -eo pid=,pgid= | awk -v g="$1" '$2 == g { print $1 }'); do
+    tr '\0' '\n' < /proc/"$p"/environ 2>/dev/null | grep -qx "$MARK" && return 0
+  done
+  return 1
+}
+"""
+
+
 def _paths(job: JobId, state_dir: str | None) -> str:
-    """Shell assignments of `d` (the task's dir) and `f` (this try's pid file)."""
+    """Shell assignments of `d` (the task's dir), `f` (this try's pid file), `MARK`."""
     return (
         f"d={state_dir_expr(state_dir)}/{job.task_key}\n"
         f"f=\"$d/try-{int(job.try_number)}.pgid\"\n"
+        f"MARK={TASK_MARK_VAR}={job.task_key}\n"
+        f"{_OURS}"
     )
 
 
@@ -57,11 +71,11 @@ def _stop_earlier_tries() -> str:
   [ -f "$g" ] || continue
   pg=$(cat "$g" 2>/dev/null)
   case "$pg" in ''|*[!0-9]*) rm -f "$g"; continue;; esac
-  if [ "$pg" -gt 1 ] && kill -0 -"$pg" 2>/dev/null; then
+  if [ "$pg" -gt 1 ] && ours "$pg"; then
     echo "ringflow: stopping process group $pg left by an earlier try (${{g##*/}})" >&2
     kill -TERM -"$pg" 2>/dev/null
     i=0
-    while [ $i -lt {STOP_GRACE_STEPS} ] && kill -0 -"$pg" 2>/dev/null; do
+    while [ $i -lt {STOP_GRACE_STEPS} ] && ours "$pg"; do
       sleep 0.1; i=$((i+1))
     done
     kill -KILL -"$pg" 2>/dev/null
@@ -71,10 +85,11 @@ done
 """
 
 
-def _job_body(argv: list[str], env: Mapping[str, str]) -> str:
+def _job_body(job: JobId, argv: list[str], env: Mapping[str, str]) -> str:
     """Runs as the new session's leader: its $$ is the process group id."""
     exports = "".join(f"export {name}={shlex.quote(value)}\n" for name, value in env.items())
     return (
+        f"export {TASK_MARK_VAR}={job.task_key}\n"
         'echo $$ > "$f.tmp" && mv "$f.tmp" "$f"\n'
         f'echo "{PGID_MARKER}$$"\n'
         f"{exports}"
@@ -97,7 +112,7 @@ def launch_command(job: JobId, argv: list[str], env: Mapping[str, str] | None = 
     every process it starts) and passes its exit status back; stdin is /dev/null so a closed
     channel cannot hang or kill it through a terminal. The first stdout line is the PGID.
     """
-    body = _job_body(argv, env or {})
+    body = _job_body(job, argv, env or {})
     script = (
         "umask 077\n"
         f"{_paths(job, state_dir)}"
@@ -117,8 +132,10 @@ def kill_command(job: JobId, pgid: int | None, state_dir: str | None = None) -> 
     """
     known = str(int(pgid)) if pgid else ""
     killer = (
-        f'kill -TERM -"$pg" 2>/dev/null; sleep {KILL_GRACE_S}; '
-        'kill -KILL -"$pg" 2>/dev/null; rm -f "$f"'
+        f"{_OURS}"
+        f'kill -TERM -"$pg" 2>/dev/null; sleep {KILL_GRACE_S}\n'
+        'if ours "$pg"; then kill -KILL -"$pg" 2>/dev/null; fi\n'
+        'rm -f "$f"\n'
     )
     script = (
         f"{_paths(job, state_dir)}"
@@ -126,7 +143,8 @@ def kill_command(job: JobId, pgid: int | None, state_dir: str | None = None) -> 
         '[ -n "$pg" ] || pg=$(cat "$f" 2>/dev/null)\n'
         'case "$pg" in ""|*[!0-9]*) echo "ringflow: no process group recorded"; exit 0;; esac\n'
         '[ "$pg" -gt 1 ] || exit 0\n'
-        "export pg f\n"
+        'ours "$pg" || { echo "ringflow: process group $pg has already ended"; exit 0; }\n'
+        "export pg f MARK\n"
         f"setsid sh -c {shlex.quote(killer)} > /dev/null 2>&1 < /dev/null &\n"
         'echo "ringflow: killing process group $pg"\n'
     )

@@ -7,6 +7,7 @@ the SSH behaviour quickly; test_airflow_cli.py runs the operator through real Ai
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import textwrap
 import threading
@@ -206,3 +207,26 @@ def test_a_retry_first_stops_what_the_earlier_try_left_running(sshd, ssh_conn):
     assert ("stderr", f"ringflow: stopping process group {first._pgid} left by an earlier "
                       "try (try-1.pgid)") in second_lines
     assert processes_running(script) == []
+
+
+def test_a_stale_pid_file_never_kills_an_unrelated_process_group(sshd, ssh_conn):
+    """A recorded PGID whose number now belongs to someone else's group is left alone."""
+    from ringflow_provider.remote_job import JobId
+
+    unrelated = subprocess.Popen(["setsid", "sleep", "60"])
+    try:
+        run_id = f"run-{uuid.uuid4().hex[:8]}"
+        task_dir = sshd.state_dir / JobId("ringflow_test", "poprun", run_id, 1).task_key
+        task_dir.mkdir()
+        wait_until(lambda: os.getpgid(unrelated.pid) == unrelated.pid, 10, "setsid")
+        (task_dir / "try-1.pgid").write_text(f"{unrelated.pid}\n")
+        script = write_script(sshd, 'print("second try ran", flush=True)\n')
+        op, lines = make_op(sshd, ssh_conn, script)
+        assert op.execute(context(run_id, try_number=2))["exit_code"] == 0
+        assert ("stdout", "second try ran") in lines
+        assert not any("stopping process group" in line for _, line in lines)
+        assert unrelated.poll() is None
+        assert not task_dir.exists()
+    finally:
+        unrelated.kill()
+        unrelated.wait(10)
