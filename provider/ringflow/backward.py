@@ -237,7 +237,7 @@ def append_backward(loss: Variable, parameter_list: Iterable[Any] | None = None,
     block, program = loss.block, loss.block.program
     loss_idx = _producer_index(block, loss.name)
     loss_op = block.ops[loss_idx]
-    loss_op._set_attr(OP_ROLE_KEY, int(loss_op.attr(OP_ROLE_KEY) or 0) | OpRole.Loss)
+    loss_op._set_attr(OP_ROLE_KEY, int(loss_op.attr(OP_ROLE_KEY) or 0) | int(OpRole.Loss))
     ops = block.ops[: loss_idx + 1]
     req = _requiring_grad(block, ops, _no_grad_names(block, no_grad_set), None)
     loss_grad = grad_var_name(loss.name)

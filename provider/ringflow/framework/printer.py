@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from .program import Parameter
+from .records import Parameter
 from .roles import OP_ROLE_KEY, OP_ROLE_VAR_KEY, OpRole
 
 # Bits in the order they are named; a role with none of the first five is a forward op.

@@ -1,8 +1,9 @@
-"""The static program IR: Program -> Block -> (Variable, Operator), as PaddlePaddle's.
+"""The static program IR: Program -> Block -> (Variable, Operator), as PaddlePaddle's;
+the default programs and ``program_guard``.
 
-Records are plain data; only ``Block`` mutates its op list. An op is checked against the
-op table (``registry``) when it is built: unknown type, unknown slot or missing input fail
-right there; ``verify`` explains whole programs.
+The records (records.py) are plain data; only ``Block`` mutates its op list. An op is
+checked against the op table (``registry``) when it is built: unknown type, unknown slot or
+missing input fail right there; ``verify`` explains whole programs.
 """
 
 from __future__ import annotations
@@ -14,135 +15,14 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from ..errors import ProgramError, RingflowError
-from .registry import EMPTY_VAR_NAME, ShapeContext, convert_dtype, get_op_def, slot_errors
+from .records import Operator, Parameter, Variable, _names
+from .registry import EMPTY_VAR_NAME, ShapeContext, get_op_def, slot_errors
 from .roles import OP_ROLE_KEY, OP_ROLE_VAR_KEY, OpRole
 
-
-class Variable:
-    """A named tensor slot of a block: shape (-1 for batch), dtype, flags."""
-
-    def __init__(
-        self,
-        block: Block,
-        name: str,
-        shape: Iterable[int] | None = None,
-        dtype: Any = "float32",
-        persistable: bool = False,
-        stop_gradient: bool = False,
-        is_data: bool = False,
-    ) -> None:
-        self.block = block
-        self.name = name
-        self.shape = tuple(int(d) for d in shape) if shape is not None else None
-        self.dtype = convert_dtype(dtype)
-        self.persistable = persistable
-        self.stop_gradient = stop_gradient
-        self.is_data = is_data
-
-    @property
-    def ndim(self) -> int:
-        return len(self.shape or ())
-
-    def __repr__(self) -> str:
-        from .printer import var_to_string
-
-        return var_to_string(self)
-
-
-class Parameter(Variable):
-    """A persistable, trainable variable initialised by the startup program."""
-
-    def __init__(
-        self,
-        block: Block,
-        name: str,
-        shape: Iterable[int],
-        dtype: Any = "float32",
-        trainable: bool = True,
-        initializer: Any = None,
-        is_distributed: bool = False,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(block, name, shape, dtype, persistable=True,
-                         stop_gradient=not trainable, **kwargs)
-        self.trainable = trainable
-        self.initializer = initializer
-        self.is_distributed = is_distributed
-        # Which axis a tensor-parallel shard was cut along (None: not split).
-        self.split_axis: int | None = None
-        # Per-parameter learning-rate multiplier, as Paddle's ParamAttr.learning_rate.
-        self.optimize_attr = {"learning_rate": 1.0}
-        # ParamAttr's need_clip (gradient clipping applies) and regularizer (None: the
-        # optimizer's weight_decay applies), as Paddle's Parameter carries them.
-        self.need_clip = True
-        self.regularizer = None
-
-
-def _names(args: Any) -> list[str]:
-    if args is None:
-        return []
-    if isinstance(args, (Variable, str)):
-        args = [args]
-    return [a.name if isinstance(a, Variable) else str(a) for a in args]
-
-
-class Operator:
-    """One op: type, input and output slots (slot -> list of var names), attrs."""
-
-    def __init__(
-        self,
-        block: Block,
-        type: str,
-        inputs: dict[str, list[str]],
-        outputs: dict[str, list[str]],
-        attrs: dict[str, Any],
-    ) -> None:
-        self.block = block
-        self.type = type
-        self.inputs = inputs
-        self.outputs = outputs
-        self.attrs = attrs
-
-    # Paddle's accessors -------------------------------------------------------------------
-    def attr(self, name: str) -> Any:
-        return self.attrs.get(name)
-
-    def has_attr(self, name: str) -> bool:
-        return name in self.attrs
-
-    def _set_attr(self, name: str, value: Any) -> None:
-        self.attrs[name] = value
-
-    @property
-    def attr_names(self) -> list[str]:
-        return list(self.attrs)
-
-    def input(self, slot: str) -> list[str]:
-        return list(self.inputs.get(slot, []))
-
-    def output(self, slot: str) -> list[str]:
-        return list(self.outputs.get(slot, []))
-
-    @property
-    def input_names(self) -> list[str]:
-        return list(self.inputs)
-
-    @property
-    def output_names(self) -> list[str]:
-        return list(self.outputs)
-
-    @property
-    def input_arg_names(self) -> list[str]:
-        return [n for names in self.inputs.values() for n in names]
-
-    @property
-    def output_arg_names(self) -> list[str]:
-        return [n for names in self.outputs.values() for n in names if n != EMPTY_VAR_NAME]
-
-    def __repr__(self) -> str:
-        from .printer import op_to_string
-
-        return op_to_string(self)
+__all__ = [
+    "Block", "Operator", "Parameter", "Program", "Variable", "default_main_program",
+    "default_startup_program", "program_guard", "switch_main_program",
+]
 
 
 class Block:
@@ -333,35 +213,22 @@ class Program:
         return self._role_guard(OpRole.LRSched)
 
     def clone(self, for_test: bool = False) -> Program:
-        """A deep copy. ``for_test`` drops backward and optimize ops and marks ops is_test
-        (dropout becomes the identity), as Paddle's ``clone(for_test=True)``."""
+        """A deep copy. ``for_test``, as Paddle's ``clone(for_test=True)``, keeps only the
+        forward ops, sets ``is_test`` on ops that have it (dropout becomes the identity),
+        drops the variables no kept op uses (gradients, optimizer state; parameters and data
+        stay) and carries no learning-rate scheduler: running it never steps one."""
         p = Program.__new__(Program)
         memo = {id(self): p}
         p.__dict__.update({k: copy.deepcopy(v, memo) for k, v in self.__dict__.items()
                            if k not in ("blocks", "lr_scheduler", "_name_counter")})
-        p.lr_scheduler = self.lr_scheduler
+        p.lr_scheduler = None if for_test else self.lr_scheduler
+        # Both go on counting from here, so a name made later in one is not made in the other.
         start = next(self._name_counter)
         p._name_counter = itertools.count(start)
         self._name_counter = itertools.count(start)
-        p.blocks = []
-        for b in self.blocks:
-            nb = Block(p, b.idx, b.parent_idx)
-            for name, v in b.vars.items():
-                nv = copy.copy(v)
-                nv.block = nb
-                if isinstance(v, Parameter):
-                    nv.optimize_attr = dict(v.optimize_attr)
-                nb.vars[name] = nv
-            for op in b.ops:
-                if for_test and int(op.attr(OP_ROLE_KEY) or 0) & (
-                        OpRole.Backward | OpRole.Optimize | OpRole.LRSched):
-                    continue
-                nop = Operator(nb, op.type, copy.deepcopy(op.inputs), copy.deepcopy(op.outputs),
-                               copy.deepcopy(op.attrs))
-                if for_test and "is_test" in get_op_def(op.type).attrs:
-                    nop.attrs["is_test"] = True
-                nb.ops.append(nop)
-            p.blocks.append(nb)
+        p.blocks = [_clone_block(b, p, for_test) for b in self.blocks]
+        if for_test:
+            _drop_unused_vars(p)
         p._is_test = for_test
         p._version = 0
         return p
@@ -373,6 +240,37 @@ class Program:
 
     def to_string(self, throw_on_error: bool = False, with_details: bool = False) -> str:
         return str(self)
+
+
+_NOT_FOR_TEST = OpRole.Backward | OpRole.Optimize | OpRole.LRSched
+
+
+def _clone_block(block: Block, program: Program, for_test: bool) -> Block:
+    nb = Block(program, block.idx, block.parent_idx)
+    for name, v in block.vars.items():
+        nv = copy.copy(v)
+        nv.block = nb
+        if isinstance(v, Parameter):
+            nv.optimize_attr = dict(v.optimize_attr)
+        nb.vars[name] = nv
+    for op in block.ops:
+        if for_test and int(op.attr(OP_ROLE_KEY) or 0) & _NOT_FOR_TEST:
+            continue
+        nop = Operator(nb, op.type, copy.deepcopy(op.inputs), copy.deepcopy(op.outputs),
+                       copy.deepcopy(op.attrs))
+        if for_test and "is_test" in get_op_def(op.type).attrs:
+            nop.attrs["is_test"] = True
+        nb.ops.append(nop)
+    return nb
+
+
+def _drop_unused_vars(program: Program) -> None:
+    used = {n for b in program.blocks for op in b.ops
+            for n in (*op.input_arg_names, *op.output_arg_names)}
+    for b in program.blocks:
+        for name in [n for n, v in b.vars.items()
+                     if n not in used and not (v.is_data or isinstance(v, Parameter))]:
+            del b.vars[name]
 
 
 # default programs and the guard -------------------------------------------------------------
