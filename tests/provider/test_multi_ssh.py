@@ -119,10 +119,10 @@ def test_preflight_passes_when_every_host_answers_and_poprun_is_found(hook):
 
 def test_preflight_names_every_failing_host(hook, sshd):
     with pytest.raises(LaunchError) as info:
-        hook.check_hosts(["127.0.0.1", "localhost", "no-such-host.invalid"], "localhost",
+        hook.check_hosts(["127.0.0.1", "localhost", "127.0.0.3"], "localhost",
                          "poprun-missing", find_executable_command("poprun-missing"))
     message = str(info.value)
     assert message.startswith("preflight failed: ")
     assert "'poprun-missing' not found on launch host 'localhost' (exit 127)" in message
-    assert "cannot open SSH to host 'no-such-host.invalid'" in message
+    assert "cannot open SSH to host '127.0.0.3'" in message
     assert "'127.0.0.1'" not in message
