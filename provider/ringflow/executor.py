@@ -197,6 +197,11 @@ class Executor:
         scope: Scope | None = None,
         return_numpy: bool = True,
     ) -> list[Any]:
+        """Runs ``program`` (default: the default main program) on ``scope`` (default: the
+        global scope) after writing ``feed`` into it; returns copies of the ``fetch_list``
+        values as ndarrays (``return_numpy`` is accepted for Paddle; there is nothing else to
+        return). A scheduler attached to the program sets the learning rate first and is
+        stepped after the run (not for ``clone(for_test=True)`` programs)."""
         program = program if program is not None else default_main_program()
         scope = scope if scope is not None else global_scope()
         block = program.global_block()
@@ -206,6 +211,18 @@ class Executor:
                 raise ExecutionError(f"fetch target {name!r} is not a variable of the program")
         self._feed(block, feed or {}, scope)
         self._apply_lr_scheduler(program, scope)
+        self._run_ops(block, scope)
+        self._run_counts[id(program)] = self._run_counts.get(id(program), 0) + 1
+        if program.lr_scheduler is not None and not program._is_test:
+            program.lr_scheduler.step()
+        missing = [name for name in fetch_names if name not in scope]
+        if missing:
+            raise ExecutionError(f"fetch target {missing[0]!r} was not computed by the program")
+        return [np.array(scope[name], copy=True) for name in fetch_names]
+
+    def _run_ops(self, block, scope: Scope) -> None:
+        """The interpreter: for each op, its kernel reads inputs from and writes outputs to
+        the scope. A kernel's own exception becomes an ExecutionError naming the op."""
         check_nan = os.environ.get("RINGFLOW_CHECK_NAN") == "1"
         profile = self.profile
         for i, (op, kernel) in enumerate(zip(block.ops, _kernels(block))):
@@ -225,15 +242,6 @@ class Executor:
                     f"  {op_to_string(op)}") from exc
             if check_nan:
                 _check_finite(ctx)
-        self._run_counts[id(program)] = self._run_counts.get(id(program), 0) + 1
-        if program.lr_scheduler is not None and not program._is_test:
-            program.lr_scheduler.step()
-        out = []
-        for name in fetch_names:
-            if name not in scope:
-                raise ExecutionError(f"fetch target {name!r} was not computed by the program")
-            out.append(np.array(scope[name], copy=True))
-        return out
 
     def _record(self, op_type: str, seconds: float) -> None:
         entry = self._op_times.setdefault(op_type, [0, 0.0])

@@ -91,6 +91,16 @@ def test_feed_of_unknown_variable_and_unknown_fetch_are_rejected(scratch_ops):
         rf.Executor().run(prog, fetch_list=["nope"], scope=rf.Scope())
 
 
+def test_fetch_of_a_variable_no_op_computed_is_rejected(scratch_ops):
+    prog = _scale_add_program()
+    prog.global_block().create_var(name="never", shape=[1])
+    scope = rf.Scope()
+    scope["w"] = np.zeros((1, 3), np.float32)
+    with pytest.raises(ExecutionError, match="fetch target 'never' was not computed"):
+        rf.Executor().run(prog, feed={"x": np.ones((1, 3), np.float32)},
+                          fetch_list=["out", "never"], scope=scope)
+
+
 def test_op_type_unregistered_after_build_fails_the_run_before_any_op_runs(scratch_ops):
     prog, scope = _scale_add_program(), rf.Scope()
     scope["w"] = np.zeros((1, 3), np.float32)
