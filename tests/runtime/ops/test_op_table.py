@@ -1,12 +1,13 @@
 """Every op of the runtime families: float32 in gives float32 out (with inferred metas
-matching), and every differentiable op has a grad maker whose grad ops are registered."""
+matching), and every differentiable op has a grad maker whose grad ops are registered.
+The table below is checked against the registry, so a new op cannot skip it."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from ringflow.framework.registry import get_op_def, has_op_def
+from ringflow.framework.registry import get_op_def, has_op_def, registered_op_types
 from tests.runtime.gradcheck import build, forward
 
 rng = np.random.default_rng(23)
@@ -77,3 +78,19 @@ def test_differentiable_op_has_registered_grad_ops(op):
         assert has_op_def(d.type), f"{op}: grad op {d.type} is not registered"
     # an input in the no-grad set gets no gradient; with all of them there is no grad op
     assert get_op_def(op).grad(fwd, frozenset(fwd.input_arg_names)) == []
+
+
+# Families of this table (update ops and collectives are tested with their own families).
+FAMILIES = {f"ringflow.ops.{m}" for m in (
+    "activation", "compare", "creation", "elementwise", "loss", "math", "matmul", "nn",
+    "tensor")}
+NO_GRADIENT = {"fill_constant", "fill_zeros_like", "uniform_random", "gaussian_random",
+               "equal", "not_equal", "less_than", "less_equal", "greater_than",
+               "greater_equal", "arg_max", "arg_min"}
+
+
+def test_every_forward_op_of_the_families_is_in_the_table_or_has_no_gradient():
+    forward_ops = [t for t in registered_op_types() if not t.endswith("_grad")
+                   and get_op_def(t).kernel.__module__ in FAMILIES]
+    assert sorted(t for t in forward_ops if get_op_def(t).grad is None) == sorted(NO_GRADIENT)
+    assert sorted(t for t in forward_ops if get_op_def(t).grad is not None) == sorted(CASES)
