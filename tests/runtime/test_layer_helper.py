@@ -43,6 +43,9 @@ def test_parameter_goes_to_main_and_its_initializer_to_startup(programs):
     assert [(op.type, op.output("Out")) for op in ops] == [
         ("uniform_random", ["fc_0.w_0"]), ("fill_constant", ["fc_0.b_0"])]
     assert ops[1].attr("value") == 0.0
+    # the parameter remembers its initializer: XavierUniform for weights, zero for biases
+    assert isinstance(w.initializer, rf.initializer.XavierUniform)
+    assert isinstance(b.initializer, rf.initializer.Constant) and b.initializer.value == 0.0
 
 
 def test_generated_names_number_layers_per_prefix(programs):
@@ -66,6 +69,7 @@ def test_param_attr_sets_name_initializer_learning_rate_and_trainable(programs):
     assert p.name == "emb" and p.dtype == "float64"
     assert p.optimize_attr["learning_rate"] == 0.1
     assert not p.trainable and p.stop_gradient and not p.need_clip
+    assert p.initializer is attr.initializer and not p.is_distributed
     op = startup.global_block().ops[0]
     assert (op.type, op.attr("value"), op.attr("dtype")) == ("fill_constant", 2.0, "float64")
 

@@ -134,6 +134,16 @@ def test_parameters_are_persistable_and_listed(scratch_ops):
     assert not params["w"].is_distributed
 
 
+def test_block_var_finds_variables_and_names_a_missing_one():
+    block = rf.Program().global_block()
+    v = block.create_var(name="v", shape=[-1, 2], dtype="int64", persistable=True)
+    assert block.var("v") is v and block.vars == {"v": v}
+    assert (v.shape, v.dtype, v.persistable, v.stop_gradient) == ((-1, 2), "int64", True, False)
+    assert block.create_var(name="v") is v        # Paddle: same name, same variable
+    with pytest.raises(ProgramError, match="variable 'w' is not in block 0"):
+        block.var("w")
+
+
 def test_create_parameter_refuses_to_shadow_a_plain_variable():
     block = rf.Program().global_block()
     block.create_var(name="v", shape=[1])
