@@ -3,6 +3,8 @@ the values they compute after the startup program ran."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -137,6 +139,52 @@ def test_shape_layers_infer_shapes(programs):
     assert rf.nn.slice(x, [2], [1], [3]).shape == (-1, 4, 2)
     assert rf.nn.unsqueeze(x, [1]).shape == (-1, 1, 4, 6)
     assert rf.nn.matmul(x, x, transpose_y=True).shape == (-1, 4, 4)
+
+
+def _gelu(x):
+    return 0.5 * x * (1 + np.vectorize(math.erf)(x / math.sqrt(2)))
+
+
+def _softmax(x):
+    e = np.exp(x - x.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+FUNCTIONAL = {   # layer -> (op type, numpy formula on positive inputs)
+    "relu": ("relu", lambda x: np.maximum(x, 0)),
+    "gelu": ("gelu", _gelu),
+    "tanh": ("tanh", np.tanh),
+    "sigmoid": ("sigmoid", lambda x: 1 / (1 + np.exp(-x))),
+    "softmax": ("softmax", _softmax),
+    "exp": ("exp", np.exp),
+    "log": ("log", np.log),
+    "sqrt": ("sqrt", np.sqrt),
+    "square": ("square", np.square),
+}
+
+
+@pytest.mark.parametrize("layer", FUNCTIONAL)
+def test_functional_layer_appends_its_one_op_and_computes_it(programs, layer):
+    main, startup = programs
+    op_type, formula = FUNCTIONAL[layer]
+    x = rf.data("x", [-1, 3], dtype="float64")
+    out = getattr(rf.nn, layer)(x)
+    assert _op_types(main) == [op_type] and out.shape == (-1, 3)
+    xb = rng.uniform(0.1, 2.0, (2, 3))
+    (got,), _ = _run(main, startup, {"x": xb}, [out])
+    np.testing.assert_allclose(got, formula(xb), rtol=1e-12)
+
+
+@pytest.mark.parametrize("activation", ["relu", "gelu", "tanh", "sigmoid", "softmax"])
+def test_fc_activation_is_applied_to_x_w_plus_b(programs, activation):
+    main, startup = programs
+    x = rf.data("x", [-1, 3], dtype="float64")
+    y = rf.nn.fc(x, 2, activation=activation)
+    assert _op_types(main) == ["matmul_v2", "elementwise_add", activation]
+    xb = rng.standard_normal((4, 3))
+    (got,), scope = _run(main, startup, {"x": xb}, [y])
+    pre = xb @ scope["fc_0.w_0"] + scope["fc_0.b_0"]
+    np.testing.assert_allclose(got, FUNCTIONAL[activation][1](pre), rtol=1e-12)
 
 
 def test_elementwise_helpers_compute_with_broadcast(programs):
