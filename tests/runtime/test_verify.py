@@ -116,6 +116,20 @@ def test_odd_op_role_var_is_reported(mlp):
         rf.verify(mlp)
 
 
+@pytest.mark.parametrize("role, message", [
+    (None, "attr op_role is missing: every op carries its role"),
+    ("backward", "attr op_role='backward' must be an int"),
+    (True, "attr op_role=True must be an int"),
+])
+def test_op_without_an_int_op_role_is_reported(mlp, role, message):
+    if role is None:
+        del _ops(mlp)[1].attrs["op_role"]
+    else:
+        _ops(mlp)[1]._set_attr("op_role", role)
+    with pytest.raises(ProgramError, match=r"op 1 \(elementwise_add\): " + message):
+        rf.verify(mlp)
+
+
 def test_verify_rejects_what_is_not_a_program():
     with pytest.raises(ProgramError, match="verify expects a Program, got list"):
         rf.verify([])

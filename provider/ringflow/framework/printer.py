@@ -54,7 +54,10 @@ def op_body(op) -> str:
 
 def op_role_name(op) -> str:
     role = op.attrs.get(OP_ROLE_KEY)
-    return role_name(role) if role is not None else "no op_role"
+    if role is None:
+        return "no op_role"
+    # a malformed role is still printed: verify's message shows the op that carries it
+    return role_name(role) if isinstance(role, (int, np.integer)) else f"op_role={role!r}"
 
 
 def op_to_string(op) -> str:

@@ -2,9 +2,10 @@
 
 Checked for every op, in order: its type is registered; its slots match the op
 definition; every input is a parameter, a persistable or data variable, or the output of
-an earlier op; its attrs have the types of the definition's defaults; re-running its
-shape inference gives the output shapes and dtypes the block declares (-1 matches any
-size). The error names the block, op index, type and variable, and prints the ops around.
+an earlier op; its attrs have the types of the definition's defaults (and ``op_role`` is
+an int); re-running its shape inference gives the output shapes and dtypes the block
+declares (-1 matches any size). The error names the block, op index, type and variable,
+and prints the ops around.
 """
 
 from __future__ import annotations
@@ -102,7 +103,9 @@ def _attr_problem(op: Operator, defaults: dict[str, Any]) -> str | None:
             return (f"attr {name}={value!r} is a {type(value).__name__}; {op.type} expects a "
                     f"{type(default).__name__} like its default {default!r}")
     role = op.attrs.get(OP_ROLE_KEY)
-    if role is not None and not isinstance(role, (int, np.integer)):
+    if role is None:
+        return f"attr {OP_ROLE_KEY} is missing: every op carries its role (OpRole bit flags)"
+    if isinstance(role, bool) or not isinstance(role, (int, np.integer)):
         return f"attr {OP_ROLE_KEY}={role!r} must be an int (OpRole bit flags)"
     role_var = op.attrs.get(OP_ROLE_VAR_KEY)
     if role_var is not None and (not isinstance(role_var, (list, tuple)) or len(role_var) % 2
