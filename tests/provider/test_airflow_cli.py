@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 
 import pytest
@@ -11,7 +12,8 @@ from airflow.sdk.exceptions import AirflowException
 
 from ringflow_provider.operators.poprun import PopRunOperator
 from ringflow_provider.poprun import FIELD_NAMES
-from tests.provider.conftest import CONN_ID, REPO, VENV_BIN
+from tests.provider.conftest import CONN_ID, REPO, VENV_BIN, wait_until
+from tests.provider.test_poprun_operator import processes_running
 
 pytestmark = [pytest.mark.airflow]
 
@@ -101,3 +103,32 @@ def test_airflow_tasks_test_runs_the_job_over_ssh_with_secrets_masked(airflow_ho
     assert "instance 0 *** ***" in log
     assert "tok-live-5521" not in log
     assert "conn-pw-Zq81" not in log
+
+
+@pytest.mark.slow
+@pytest.mark.ssh
+def test_sigterm_to_the_task_runs_on_kill_and_leaves_no_remote_process(airflow_home, sshd,
+                                                                        ssh_conn):
+    """Airflow's SIGTERM handler calls on_kill, then execute resumes: the task must fail."""
+    script = sshd.work_dir / "train_sigterm.py"
+    script.write_text("import time\nprint('ready', flush=True)\ntime.sleep(300)\n")
+    params = {"dry_run": False, "hosts": "127.0.0.1", "nproc_per_host": 1, "num_ipus": 1,
+              "training_script": str(script), "ssh_conn_id": CONN_ID}
+    conn_env = {k: v for k, v in os.environ.items() if k.startswith("AIRFLOW_CONN_")}
+    proc = subprocess.Popen(
+        [str(VENV_BIN / "airflow"), "tasks", "test", "ringflow_poprun", "poprun", "-t",
+         json.dumps(params)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, **conn_env})
+    try:
+        # "python3 <script>" matches the remote side only, not this CLI's own arguments.
+        remote = f"python3 {script}"
+        wait_until(lambda: processes_running(remote), 90, "the remote job to start")
+        proc.send_signal(signal.SIGTERM)
+        log, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate(timeout=30)
+    assert "was killed (on_kill)" in log, log[-3000:]
+    assert "on_kill on 127.0.0.1: ringflow: killing process group" in log
+    wait_until(lambda: not processes_running(remote), 20, "the remote group to die")
