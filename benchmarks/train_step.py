@@ -239,6 +239,19 @@ def busy_seconds() -> float:
     return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
+def wait_quiet(budget: float, threshold: float = 0.10) -> float:
+    """Waits (at most ``budget`` s) until the machine's CPUs were < ``threshold`` busy over
+    one second; returns the busy share last seen. Runs started in a lull are more often
+    quiet on a machine shared with others."""
+    deadline, share = time.monotonic() + budget, 1.0
+    while True:
+        b0 = busy_seconds()
+        time.sleep(1.0)
+        share = (busy_seconds() - b0) / os.cpu_count()
+        if share < threshold or time.monotonic() >= deadline:
+            return share
+
+
 def run_one(python: str, contender: str, shape: str, threads: int, timeout: float) -> dict:
     env = dict(os.environ)
     for k in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
@@ -276,6 +289,8 @@ def main() -> None:
     ap.add_argument("--thread-counts", default="1,2")
     ap.add_argument("--contenders", default=",".join(CONTENDERS))
     ap.add_argument("--torch-python", default=None)
+    ap.add_argument("--wait-quiet", type=float, default=30.0,
+                    help="seconds to wait for a lull before each run (0: don't)")
     ap.add_argument("--out", default=str(HERE / "results" / "train_step.md"))
     args = ap.parse_args()
     if args.worker:
@@ -292,6 +307,8 @@ def main() -> None:
         random.Random(r).shuffle(order)
         for c, s, t in order:
             py = torch_py if c.startswith("torch") else sys.executable
+            if args.wait_quiet > 0:
+                wait_quiet(args.wait_quiet)
             rec = run_one(py, c, s, t, timeout=900)
             rec["child_cpu"], prev_child = rec["child_cpu"] - prev_child, rec["child_cpu"]
             rec["foreign"] = max(0.0, rec["busy_s"] - rec["child_cpu"]) / (
