@@ -56,6 +56,14 @@ _OURS = r"""ours() {
 """
 
 
+# The last try out removes the task's directory, so ended jobs leave nothing behind.
+_CLEANUP = """rm -f "$f"
+if ! ls "$d"/try-*.pgid > /dev/null 2>&1; then
+  rm -f "$d/job"; rmdir "$d" 2> /dev/null
+fi
+"""
+
+
 def _paths(job: JobId, state_dir: str | None) -> str:
     """Shell assignments of `d` (the task's dir), `f` (this try's pid file), `MARK`."""
     return (
@@ -95,11 +103,7 @@ def _job_body(job: JobId, argv: list[str], env: Mapping[str, str]) -> str:
         f"{exports}"
         f"{shlex.join(argv)}\n"
         "rc=$?\n"
-        'rm -f "$f"\n'
-        # The last try out removes the task's directory, so finished jobs leave nothing.
-        'if ! ls "$d"/try-*.pgid > /dev/null 2>&1; then\n'
-        '  rm -f "$d/job"; rmdir "$d" 2> /dev/null\n'
-        "fi\n"
+        f"{_CLEANUP}"
         "exit $rc\n"
     )
 
@@ -135,7 +139,7 @@ def kill_command(job: JobId, pgid: int | None, state_dir: str | None = None) -> 
         f"{_OURS}"
         f'kill -TERM -"$pg" 2>/dev/null; sleep {KILL_GRACE_S}\n'
         'if ours "$pg"; then kill -KILL -"$pg" 2>/dev/null; fi\n'
-        'rm -f "$f"\n'
+        f"{_CLEANUP}"
     )
     script = (
         f"{_paths(job, state_dir)}"
@@ -144,7 +148,7 @@ def kill_command(job: JobId, pgid: int | None, state_dir: str | None = None) -> 
         'case "$pg" in ""|*[!0-9]*) echo "ringflow: no process group recorded"; exit 0;; esac\n'
         '[ "$pg" -gt 1 ] || exit 0\n'
         'ours "$pg" || { echo "ringflow: process group $pg has already ended"; exit 0; }\n'
-        "export pg f MARK\n"
+        "export pg d f MARK\n"
         f"setsid sh -c {shlex.quote(killer)} > /dev/null 2>&1 < /dev/null &\n"
         'echo "ringflow: killing process group $pg"\n'
     )

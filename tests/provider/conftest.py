@@ -72,6 +72,7 @@ class SSHServer:
     bin_dir: Path
     state_dir: Path
     work_dir: Path
+    home: Path
 
 
 def _keygen(path: Path) -> None:
@@ -87,8 +88,9 @@ def _sshd_config(d: Path, port: int, bin_dir: Path) -> Path:
         "PermitRootLogin prohibit-password\nPasswordAuthentication no\n"
         "KbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\n"
         "MaxStartups 100:30:200\nMaxSessions 100\nLogLevel ERROR\n"
-        # The remote PATH starts with the stand-in poprun's directory.
-        f"SetEnv PATH={bin_dir}:/usr/local/bin:/usr/bin:/bin\n"
+        # The remote PATH starts with the stand-in poprun's directory; the remote HOME (where
+        # jobs keep their pid files by default) is a temporary directory.
+        f"SetEnv PATH={bin_dir}:/usr/local/bin:/usr/bin:/bin HOME={d}/home\n"
     )
     return config
 
@@ -104,6 +106,7 @@ def sshd(tmp_path_factory) -> SSHServer:
     shutil.copy(d / "user_key.pub", d / "authorized_keys")
     bin_dir = d / "bin"
     bin_dir.mkdir()
+    (d / "home").mkdir()
     shutil.copy(Path(__file__).with_name("standin_poprun.py"), bin_dir / "poprun")
     (bin_dir / "poprun").chmod(0o755)
     Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege-separation dir
@@ -120,7 +123,7 @@ def sshd(tmp_path_factory) -> SSHServer:
         (d / "state").mkdir()
         (d / "work").mkdir()
         yield SSHServer(port, getpass.getuser(), host_key, d / "user_key", d / "bad_key",
-                        bin_dir, d / "state", d / "work")
+                        bin_dir, d / "state", d / "work", d / "home")
     finally:
         proc.terminate()
         try:

@@ -103,6 +103,7 @@ def test_airflow_tasks_test_runs_the_job_over_ssh_with_secrets_masked(airflow_ho
     assert "instance 0 *** ***" in log
     assert "tok-live-5521" not in log
     assert "conn-pw-Zq81" not in log
+    assert list((sshd.home / ".ringflow" / "jobs").iterdir()) == []  # default state dir, clean
 
 
 @pytest.mark.slow
@@ -132,3 +133,5 @@ def test_sigterm_to_the_task_runs_on_kill_and_leaves_no_remote_process(airflow_h
     assert "was killed (on_kill)" in log, log[-3000:]
     assert "on_kill on 127.0.0.1: ringflow: killing process group" in log
     wait_until(lambda: not processes_running(remote), 20, "the remote group to die")
+    jobs = sshd.home / ".ringflow" / "jobs"
+    wait_until(lambda: not any(jobs.iterdir()), 20, "the killer to remove the job's pid file")
