@@ -41,7 +41,10 @@ class IntraHost:
         self.free_at = [0, 0]
         self.peers = [p for p in range(self.n) if p != pos]
         self._words = [s.words for s in segments]
+        self._peer_words = [self._words[p] for p in self.peers]
         self._deadline: Deadline | None = None
+        self._sigs: dict[tuple, int] = {}
+        self._views: dict[tuple, list[np.ndarray]] = {}
 
     # -- synchronisation -----------------------------------------------------------------
     def _post(self) -> None:
@@ -49,8 +52,11 @@ class IntraHost:
         self._words[self.pos][SEQ] = self.seq
 
     def _wait_all(self, target: int) -> None:
-        words = [self._words[p] for p in self.peers]
-        if all(w[SEQ] >= target for w in words):
+        words = self._peer_words
+        for w in words:
+            if w[SEQ] < target:
+                break
+        else:
             return
         late = [0]
 
@@ -87,9 +93,18 @@ class IntraHost:
         return raw[start:start + count * dtype.itemsize].view(dtype)
 
     # -- collectives ---------------------------------------------------------------------
+    def _signature(self, op: str, buf: np.ndarray, extra: object) -> int:
+        key = (op, buf.dtype, buf.size, extra)
+        sig = self._sigs.get(key)
+        if sig is None:
+            if len(self._sigs) > 256:
+                self._sigs.clear()
+            sig = self._sigs[key] = _signature(op, buf, extra)
+        return sig
+
     def all_reduce(self, buf: np.ndarray, ufunc: Ufunc, deadline: Deadline) -> None:
         self._deadline = deadline
-        sig = _signature("all_reduce", buf, ufunc)
+        sig = self._signature("all_reduce", buf, ufunc)
         if buf.nbytes <= min(self.small_bytes, self.slot_bytes):
             self._all_reduce_small(buf, ufunc, sig)
             return
@@ -99,12 +114,17 @@ class IntraHost:
 
     def _all_reduce_small(self, buf: np.ndarray, ufunc: Ufunc, sig: int) -> None:
         slot, sig = self._begin_round(sig)
-        dt = buf.dtype
-        self._slot_view(self.pos, slot, dt, 0, buf.size)[...] = buf
+        key = (slot, buf.dtype, buf.size)
+        views = self._views.get(key)
+        if views is None:
+            views = [self._slot_view(p, slot, buf.dtype, 0, buf.size) for p in range(self.n)]
+            if len(self._views) > 64:
+                self._views.clear()
+            self._views[key] = views
+        views[self.pos][...] = buf
         self._post()
         self._wait_all(self.seq)
         self._check_sig(slot, sig)
-        views = [self._slot_view(p, slot, dt, 0, buf.size) for p in range(self.n)]
         ufunc(views[0], views[1], out=buf)
         for v in views[2:]:
             ufunc(buf, v, out=buf)
@@ -135,7 +155,7 @@ class IntraHost:
     def all_gather(self, buf: np.ndarray, out: np.ndarray, deadline: Deadline) -> None:
         """out[p] = position p's `buf`, for every position (out has shape (n, buf.size))."""
         self._deadline = deadline
-        sig = _signature("all_gather", buf, None)
+        sig = self._signature("all_gather", buf, None)
         per = max(1, self.slot_bytes // buf.itemsize)
         for a, b in _pieces(buf.size, per):
             slot, sig = self._begin_round(sig)
@@ -150,7 +170,7 @@ class IntraHost:
 
     def broadcast(self, buf: np.ndarray, root_pos: int, deadline: Deadline) -> None:
         self._deadline = deadline
-        sig = _signature("broadcast", buf, root_pos)
+        sig = self._signature("broadcast", buf, root_pos)
         per = max(1, self.slot_bytes // buf.itemsize)
         for a, b in _pieces(buf.size, per):
             slot, sig = self._begin_round(sig)
