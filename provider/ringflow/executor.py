@@ -163,6 +163,19 @@ def _check_finite(ctx: KernelContext) -> None:
                     f"(RINGFLOW_CHECK_NAN=1): {op_to_string(ctx.op)}")
 
 
+def _check_persistables(block, scope: Scope) -> None:
+    """A persistable variable's value in the scope must have the declared dtype: an array
+    set by hand (``scope["w"] = np.zeros(...)``, float64 by default) would otherwise turn
+    every op after it into float64 without a word."""
+    for name, var in block.vars.items():
+        value = scope._vars.get(name) if var.persistable else None
+        if value is not None and value.dtype.name != var.dtype:
+            raise ExecutionError(
+                f"persistable variable {name!r} is {value.dtype.name}{list(value.shape)} in "
+                f"the scope, the program declares {var.dtype}{list(var.shape or [])}: set it "
+                f"with an array of dtype {var.dtype}")
+
+
 def _kernels(block) -> list[Any]:
     """Every op's kernel, looked up before the first op runs, so an op type that left the
     table since the program was built fails the run before it changes any variable."""
@@ -211,6 +224,7 @@ class Executor:
                 raise ExecutionError(f"fetch target {name!r} is not a variable of the program")
         self._feed(block, feed or {}, scope)
         self._apply_lr_scheduler(program, scope)
+        _check_persistables(block, scope)
         self._run_ops(block, scope)
         self._run_counts[id(program)] = self._run_counts.get(id(program), 0) + 1
         if program.lr_scheduler is not None and not program._is_test:

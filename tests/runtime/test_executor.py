@@ -91,6 +91,19 @@ def test_feed_of_unknown_variable_and_unknown_fetch_are_rejected(scratch_ops):
         rf.Executor().run(prog, fetch_list=["nope"], scope=rf.Scope())
 
 
+def test_parameter_set_by_hand_with_another_dtype_is_rejected_before_any_op(scratch_ops):
+    prog, scope = _scale_add_program(), rf.Scope()
+    scope["w"] = np.zeros((1, 3))                     # float64, the program says float32
+    with pytest.raises(ExecutionError, match=r"persistable variable 'w' is float64\[1, 3\] in "
+                                             r"the scope, the program declares float32\[1, 3\]"):
+        rf.Executor().run(prog, feed={"x": np.ones((1, 3), np.float32)}, scope=scope)
+    assert "h" not in scope
+    scope["w"] = np.zeros((1, 3), np.float32)
+    out, = rf.Executor().run(prog, feed={"x": np.ones((1, 3), np.float32)},
+                             fetch_list=["out"], scope=scope)
+    assert out.dtype == np.float32 and out.tolist() == [[2.0, 2.0, 2.0]]
+
+
 def test_fetch_of_a_variable_no_op_computed_is_rejected(scratch_ops):
     prog = _scale_add_program()
     prog.global_block().create_var(name="never", shape=[1])
