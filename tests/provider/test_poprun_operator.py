@@ -83,7 +83,7 @@ def test_remote_poprun_receives_exactly_the_built_argv(sshd, ssh_conn):
     pwned = sshd.work_dir / "pwned"
     hostile = ["a b", f"$(touch {pwned})", "it's", "*", "`id`; echo x", "line\nbreak"]
     fields = dict(hosts="127.0.0.1, localhost", nproc_per_host=2, num_ipus=4,
-                  training_script_args=hostile, extra_env={"RUN_NAME": "exp-1"})
+                  training_script_args=hostile, extra_env={"RUN_NAME": "e;$(id)|*"})
     op, lines = make_op(sshd, ssh_conn, script, **fields)
     result = op.execute(context())
     cfg = parse_config({name: getattr(op, name) for name in FIELD_NAMES})
@@ -96,8 +96,8 @@ def test_remote_poprun_receives_exactly_the_built_argv(sshd, ssh_conn):
             for e in envs] == [("0", "0", "127.0.0.1:8090"), ("1", "1", "127.0.0.1:8090"),
                                ("2", "0", "localhost:8090"), ("3", "1", "localhost:8090")]
     assert sorted(line for _, line in lines if line.startswith("env ")) == [
-        "env 0 0 127.0.0.1:8090 exp-1", "env 1 1 127.0.0.1:8090 exp-1",
-        "env 2 0 localhost:8090 exp-1", "env 3 1 localhost:8090 exp-1"]
+        "env 0 0 127.0.0.1:8090 e;$(id)|*", "env 1 1 127.0.0.1:8090 e;$(id)|*",
+        "env 2 0 localhost:8090 e;$(id)|*", "env 3 1 localhost:8090 e;$(id)|*"]
     assert not pwned.exists()
     assert result["argv"] == argv
     assert (result["num_instances"], result["num_replicas"], result["exit_code"]) == (4, 4, 0)

@@ -149,6 +149,7 @@ class PopRunOperator(BaseOperator):
         self._stop_streaming = False
         self._job: JobId | None = None
         self._pgid: int | None = None
+        self._launch_host: str | None = None
         self._secret_values: list[str] = []
         self._validate_literals()
 
@@ -209,6 +210,7 @@ class PopRunOperator(BaseOperator):
         self.dry_run = self._flag("dry_run", self.dry_run)
         config = self._config()
         launch_host = (self.launch_host or "").strip() or config.hosts[0]
+        self._launch_host = launch_host
         argv = build_poprun_argv(config)
         secrets = self._secrets(config)
         masked = mask_argv(argv, secrets)
@@ -280,19 +282,18 @@ class PopRunOperator(BaseOperator):
     def on_kill(self) -> None:
         """Kill the remote process group with one detached command; return within 2 s."""
         self._killed = True
-        job, pgid = self._job, self._pgid
-        if job is None or self.dry_run:
+        job, pgid, host = self._job, self._pgid, self._launch_host
+        if job is None or host is None:
             self._stop_streaming = True
             return
-        worker = threading.Thread(target=self._send_kill, args=(job, pgid), daemon=True)
+        worker = threading.Thread(target=self._send_kill, args=(job, pgid, host), daemon=True)
         worker.start()
         worker.join(ON_KILL_BUDGET_S)
         if worker.is_alive():
             self.log.warning("on_kill: the kill command for %s is still being sent", job)
         self._stop_streaming = True
 
-    def _send_kill(self, job: JobId, pgid: int | None) -> None:
-        host = (self.launch_host or "").strip() or self._config().hosts[0]
+    def _send_kill(self, job: JobId, pgid: int | None, host: str) -> None:
         command = kill_command(job, pgid, self.remote_state_dir)
         hook = self.hook
         try:
