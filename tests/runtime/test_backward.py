@@ -307,3 +307,26 @@ def test_in_place_op_gradient_is_not_summed_with_the_later_version(net):
     dc = np.full((2, 3), 1 / 6)
     dh = 2 * dc + (1 - np.tanh(xv @ scope["w"]) ** 2) * dc
     np.testing.assert_allclose(got, xv.T @ dh, rtol=1e-12)
+
+
+def test_gradients_through_every_layer_kind_equal_finite_differences(net):
+    # rf.nn layers end to end in float64: embedding, concat, layer_norm, transpose, reshape,
+    # fc with activations, split and slice, a variable used twice, softmax, the loss
+    ids = rf.data("ids", [-1, 3], "int64")
+    x = rf.data("x", [-1, 3, 4], F64)
+    y = rf.data("y", [-1], "int64")
+    h = rf.nn.concat([rf.nn.embedding(ids, [7, 4], dtype=F64), x], axis=2)
+    h = rf.nn.layer_norm(h, begin_norm_axis=2)
+    h = rf.nn.reshape(rf.nn.transpose(h, [0, 2, 1]), [0, 24])
+    h = rf.nn.fc(h, 5, activation="gelu")
+    first, rest = rf.nn.split(h, [2, 3], axis=1)
+    h = rf.nn.concat([rf.nn.slice(rest, [1], [1], [3]), first, rest], axis=1)
+    h = rf.nn.add(h, rf.nn.sigmoid(rf.nn.fc(h, 7, activation="tanh")))
+    logits = rf.nn.fc(rf.nn.softmax(h), 3)
+    loss = rf.nn.mean(rf.nn.softmax_with_cross_entropy(logits, y))
+    params_grads = rf.append_backward(loss)
+    assert len(params_grads) == 9        # embedding, layer_norm scale and bias, 3 x fc w, b
+    rng = np.random.default_rng(5)
+    _check_grads(net, loss, params_grads, {"ids": rng.integers(0, 7, (4, 3)),
+                                           "x": rng.normal(size=(4, 3, 4)),
+                                           "y": rng.integers(0, 3, 4)})
