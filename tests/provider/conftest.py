@@ -27,6 +27,9 @@ SSHD = Path("/usr/sbin/sshd")
 CONN_ID = "ringflow_test_ssh"
 BAD_KEY_CONN_ID = "ringflow_test_ssh_badkey"
 
+if "airflow" in sys.modules:  # its configuration is already read: ours would be ignored
+    raise RuntimeError("airflow was imported before tests/provider/conftest.py set AIRFLOW_HOME; "
+                       "set the Airflow env in tests/conftest.py instead")
 _AIRFLOW_HOME = Path(tempfile.mkdtemp(prefix="ringflow-airflow-home-"))
 atexit.register(shutil.rmtree, _AIRFLOW_HOME, True)
 os.environ.update(

@@ -230,3 +230,19 @@ def test_a_stale_pid_file_never_kills_an_unrelated_process_group(sshd, ssh_conn)
     finally:
         unrelated.kill()
         unrelated.wait(10)
+
+
+def test_execution_timeout_path_kills_the_remote_group(sshd, ssh_conn):
+    """Airflow's execution_timeout: SIGALRM raises inside execute, then the runner calls
+    on_kill (task_runner._run_execute_callable); the SSH client is already closed by then."""
+    from airflow.sdk.exceptions import AirflowTaskTimeout
+    from airflow.sdk.execution_time.timeout import timeout
+
+    script = write_script(sshd, 'print("ready", flush=True)\ntime.sleep(300)\n')
+    op, lines = make_op(sshd, ssh_conn, script)
+    with pytest.raises(AirflowTaskTimeout), timeout(3):
+        op.execute(context())
+    assert ("stdout", "ready") in lines
+    assert processes_running(script)
+    op.on_kill()
+    wait_until(lambda: not processes_running(script), 20, "the remote group to die")
