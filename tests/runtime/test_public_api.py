@@ -6,6 +6,9 @@ test clone, and op roles on every op of a full program."""
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
+import textwrap
 from types import SimpleNamespace
 
 import numpy as np
@@ -164,3 +167,20 @@ def test_op_role_flags_have_paddles_values():
     assert {name: int(r) for name, r in OpRole.__members__.items()} == {
         "Forward": 0, "Backward": 1, "Optimize": 2, "RPC": 4, "Dist": 8, "LRSched": 16,
         "Loss": 256}
+
+
+def test_the_runtime_imports_nothing_but_the_standard_library_and_numpy():
+    # provider/ringflow is shipped to training hosts with python3 + numpy only (DESIGN.md 1)
+    script = textwrap.dedent("""
+        import sys
+        at_start = {m.split(".")[0] for m in sys.modules}      # site hooks, __main__
+        import importlib, pkgutil, ringflow
+        for mod in pkgutil.walk_packages(ringflow.__path__, "ringflow."):
+            if not mod.name.endswith("__main__"):
+                importlib.import_module(mod.name)
+        loaded = {m.split(".")[0] for m in sys.modules} - at_start
+        print(sorted(loaded - set(sys.stdlib_module_names) - {"ringflow", "numpy"}))
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=60, check=True).stdout
+    assert out.strip() == "[]"
