@@ -118,13 +118,13 @@ def config_error_message(exc: ValidationError) -> str:
     """One line per failing field: where, what was expected, what came."""
     lines = []
     for err in exc.errors():
-        where = ".".join(str(part) for part in err["loc"]) or "PopRunConfig"
+        where = ".".join(str(part) for part in err["loc"])
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
             msg = "unknown argument"
-        got = err.get("input")
-        detail = f" (got {got!r})" if err["type"] not in ("value_error",) else ""
-        lines.append(f"{where}: {msg}{detail}")
+        # Our own checks name the value already; pydantic's type errors do not.
+        detail = "" if err["type"] == "value_error" else f" (got {err.get('input')!r})"
+        lines.append(f"{where}: {msg}{detail}" if where else msg)
     return "invalid PopRun configuration: " + "; ".join(lines)
 
 

@@ -20,7 +20,7 @@ from airflow.sdk.exceptions import AirflowException, AirflowSkipException
 
 from ringflow_provider.operators.poprun import PopRunOperator
 from ringflow_provider.poprun import FIELD_NAMES, build_poprun_argv, parse_config
-from tests.provider.conftest import wait_until
+from tests.provider.conftest import BAD_KEY_CONN_ID, wait_until
 
 pytestmark = [pytest.mark.ssh]
 
@@ -143,6 +143,18 @@ def test_preflight_failure_names_the_host_before_anything_starts(sshd, ssh_conn)
     with pytest.raises(AirflowException, match=r"preflight failed: 'poprun-not-installed' not "
                                                r"found on launch host '127\.0\.0\.1'"):
         op.execute(context())
+    assert lines == []
+
+
+def test_a_key_the_server_refuses_fails_preflight_naming_the_host(sshd, ssh_conn):
+    op, lines = make_op(sshd, BAD_KEY_CONN_ID, "train.py", hosts="127.0.0.1,localhost",
+                        num_ipus=2)
+    with pytest.raises(AirflowException) as info:
+        op.execute(context())
+    message = str(info.value)
+    assert message.startswith("preflight failed: cannot open SSH to host '127.0.0.1'")
+    assert "cannot open SSH to host 'localhost'" in message
+    assert message.count("AuthenticationException") == 2
     assert lines == []
 
 
