@@ -181,6 +181,7 @@ def test_the_runtime_imports_nothing_but_the_standard_library_and_numpy():
         loaded = {m.split(".")[0] for m in sys.modules} - at_start
         print(sorted(loaded - set(sys.stdlib_module_names) - {"ringflow", "numpy"}))
     """)
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                         timeout=60, check=True).stdout
-    assert out.strip() == "[]"
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
