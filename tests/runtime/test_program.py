@@ -83,6 +83,29 @@ def test_role_predicates_follow_paddle(scratch_ops):
     assert is_update_op(update) and not is_update_op(loss_grad)
 
 
+@pytest.mark.parametrize("role, backward, loss_grad, optimizer", [
+    (OpRole.Forward, False, False, False),
+    (OpRole.Loss, False, False, False),
+    (OpRole.Backward, True, False, False),
+    (OpRole.Backward | OpRole.Loss, True, True, False),
+    (OpRole.Optimize, False, False, True),
+    (OpRole.Optimize | OpRole.LRSched, False, False, True),
+    (OpRole.LRSched, False, False, False),
+    (None, False, False, False),            # no op_role attr at all
+])
+def test_role_predicates_on_each_role(scratch_ops, role, backward, loss_grad, optimizer):
+    block = rf.Program().global_block()
+    block.create_var(name="x", shape=[1])
+    op = block.append_op("rft_scale", inputs={"X": "x"}, outputs={"Out": "y"})
+    if role is None:
+        del op.attrs["op_role"]
+    else:
+        op._set_attr("op_role", int(role))
+    assert (is_backward_op(op), is_loss_grad_op(op), is_optimizer_op(op)) == (
+        backward, loss_grad, optimizer)
+    assert not is_update_op(op)
+
+
 def test_unknown_op_type_fails_when_built():
     block = rf.Program().global_block()
     with pytest.raises(ProgramError, match="unknown op type 'no_such_op'"):
