@@ -66,6 +66,27 @@ def test_exit_code_and_last_lines_come_back(hook):
     assert list(result.tail) == [f"line{i}" for i in range(11, 31)]
 
 
+def test_a_lost_connection_is_an_error_not_an_exit_code(hook):
+    lines: list = []
+    outcome: dict = {}
+
+    def run():
+        try:
+            # Keeps writing, so it ends (SIGPIPE) once the connection is gone.
+            hook.stream("127.0.0.1", "echo started; while echo tick; do sleep 0.2; done",
+                        collect(lines))
+        except LaunchError as exc:
+            outcome["error"] = exc
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    wait_until(lambda: ("stdout", "started") in lines, 20, "the command to start")
+    hook.hook_for("127.0.0.1").client.get_transport().close()
+    worker.join(20)
+    assert "host '127.0.0.1': the SSH channel closed before the command reported an exit " \
+           "status" in str(outcome["error"])
+
+
 def test_cmd_timeout_fails_a_silent_command_naming_the_host(ssh_conn):
     hook = MultiHostSSHHook(ssh_conn, conn_timeout=5, cmd_timeout=0.5)
     try:

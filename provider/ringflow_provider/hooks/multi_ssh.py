@@ -194,7 +194,14 @@ class MultiHostSSHHook(BaseHook):
         out.flush()
         err.flush()
         if channel.exit_status_ready():
-            result.exit_code = channel.recv_exit_status()
+            result.exit_code = channel.recv_exit_status()  # -1: none came (signal, lost link)
+        transport = channel.get_transport()
+        lost = transport is None or not transport.is_active()
+        if result.exit_code == -1 and lost and not should_stop():
+            raise LaunchError(
+                f"host {host!r}: the SSH channel closed before the command reported an exit "
+                "status (connection lost?); it may still be running there"
+            )
 
     def close(self) -> None:
         for hook in self._hooks.values():

@@ -275,9 +275,11 @@ class PopRunOperator(BaseOperator):
         if exit_code in self.skip_on_exit_code:
             raise AirflowSkipException(f"PopRun exited with {exit_code} on {host!r}: skipped")
         lines = "\n".join(tail)
+        how = f"with exit code {exit_code}"
+        if exit_code == -1:
+            how = "without an exit status (exit code -1: ended by a signal?)"
         raise AirflowException(self._mask(
-            f"PopRun failed on {host!r} with exit code {exit_code}; last {len(tail)} lines:\n"
-            f"{lines}", secrets))
+            f"PopRun failed on {host!r} {how}; last {len(tail)} lines:\n{lines}", secrets))
 
     def on_kill(self) -> None:
         """Kill the remote process group with one detached command; return within 2 s."""
