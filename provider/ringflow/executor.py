@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import time
+import weakref
 import zlib
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
@@ -163,17 +164,42 @@ def _check_finite(ctx: KernelContext) -> None:
                     f"(RINGFLOW_CHECK_NAN=1): {op_to_string(ctx.op)}")
 
 
+# block -> (program version, the persistable variables its ops read before writing them)
+_STATE_READS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _state_reads(block) -> list[tuple[Variable, np.dtype]]:
+    """The persistable variables the ops read before any op writes them (the state:
+    parameters, optimizer moments), worked out once per version of the program."""
+    version = block.program._version
+    cached = _STATE_READS.get(block)
+    if cached is not None and cached[0] == version:
+        return cached[1]
+    written: set[str] = set()
+    reads: dict[str, tuple[Variable, np.dtype]] = {}
+    for op in block.ops:
+        for name in op.input_arg_names:
+            var = block.vars.get(name)
+            if name not in written and var is not None and var.persistable:
+                reads.setdefault(name, (var, np.dtype(var.dtype)))
+        written.update(op.output_arg_names)
+    _STATE_READS[block] = (version, list(reads.values()))
+    return _STATE_READS[block][1]
+
+
 def _check_persistables(block, scope: Scope) -> None:
-    """A persistable variable's value in the scope must have the declared dtype: an array
-    set by hand (``scope["w"] = np.zeros(...)``, float64 by default) would otherwise turn
-    every op after it into float64 without a word."""
-    for name, var in block.vars.items():
-        value = scope._vars.get(name) if var.persistable else None
-        if value is not None and value.dtype.name != var.dtype:
+    """The state a program reads must have its declared dtype in the scope: an array set
+    by hand (``scope["w"] = np.zeros(...)``, float64 by default) would otherwise turn every
+    op after it into float64 without a word. What the program writes first (a startup
+    program's variables) may hold anything before it runs."""
+    values = scope._vars
+    for var, dtype in _state_reads(block):
+        value = values.get(var.name)
+        if value is not None and value.dtype is not dtype and value.dtype != dtype:
             raise ExecutionError(
-                f"persistable variable {name!r} is {value.dtype.name}{list(value.shape)} in "
-                f"the scope, the program declares {var.dtype}{list(var.shape or [])}: set it "
-                f"with an array of dtype {var.dtype}")
+                f"persistable variable {var.name!r} is {value.dtype.name}{list(value.shape)} "
+                f"in the scope, the program declares {var.dtype}{list(var.shape or [])}: set "
+                f"it with an array of dtype {var.dtype}")
 
 
 def _kernels(block) -> list[Any]:

@@ -104,6 +104,18 @@ def test_parameter_set_by_hand_with_another_dtype_is_rejected_before_any_op(scra
     assert out.dtype == np.float32 and out.tolist() == [[2.0, 2.0, 2.0]]
 
 
+def test_program_that_writes_a_persistable_first_may_replace_any_old_value(scratch_ops):
+    # a startup program initialising "w" over a stale float64 value of another model
+    prog, scope = rf.Program(), rf.Scope()
+    block = prog.global_block()
+    block.create_var(name="w", shape=[2], dtype="float32", persistable=True)
+    block.append_op("rft_fill", outputs={"Out": "w"},
+                    attrs={"shape": [2], "value": 1.5, "dtype": "float32"})
+    scope["w"] = np.zeros(5)
+    rf.Executor().run(prog, scope=scope)
+    assert scope["w"].dtype == np.float32 and scope["w"].tolist() == [1.5, 1.5]
+
+
 def test_fetch_of_a_variable_no_op_computed_is_rejected(scratch_ops):
     prog = _scale_add_program()
     prog.global_block().create_var(name="never", shape=[1])
