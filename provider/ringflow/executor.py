@@ -2,7 +2,8 @@
 
 ``Executor.run`` is a short loop: for each op, look its kernel up in the op table, let it
 read its inputs from the scope and write its outputs back. Everything else here is
-checking (feeds, NaN/inf) and the small context kernels see.
+checking (feeds, the dtype of the state a program reads, NaN/inf) and the small context
+kernels see.
 """
 
 from __future__ import annotations
