@@ -29,18 +29,17 @@ def attr_dtype(value: Any) -> str:
     return convert_dtype(value)
 
 
-def _shape_attr(ctx) -> tuple[int, ...]:
-    return tuple(int(d) for d in ctx.attr("shape"))
-
-
 def _infer_from_attrs(ctx) -> None:
     ctx.set_output("Out", ctx.attr("shape"), attr_dtype(ctx.attr("dtype")))
 
 
-def _check_shape(ctx, shape: tuple[int, ...]) -> None:
+def _shape_and_dtype(ctx) -> tuple[tuple[int, ...], str]:
+    """The tensor a creation op makes: its shape attr (fully known) and dtype attr."""
+    shape = tuple(int(d) for d in ctx.attr("shape"))
     if any(d < 0 for d in shape):
         raise ExecutionError(f"op {ctx.index} ({ctx.op.type}): shape attr {list(shape)} must be "
-                           f"fully known (no -1) to create a tensor")
+                             f"fully known (no -1) to create a tensor")
+    return shape, attr_dtype(ctx.attr("dtype"))
 
 
 @register_op("fill_constant", inputs=[], outputs=["Out"],
@@ -48,8 +47,7 @@ def _check_shape(ctx, shape: tuple[int, ...]) -> None:
                     "force_cpu": False},
              infer_shape=_infer_from_attrs)
 def _fill_constant(ctx) -> None:
-    shape, dtype = _shape_attr(ctx), attr_dtype(ctx.attr("dtype"))
-    _check_shape(ctx, shape)
+    shape, dtype = _shape_and_dtype(ctx)
     value = ctx.attr("str_value") or ctx.attr("value")
     # A fresh array (no ``buffer``): in a startup program Out is a parameter whose array a
     # user may have put into the scope; it is tiny when it is the loss gradient.
@@ -65,8 +63,7 @@ def _generator(ctx) -> np.random.Generator:
              attrs={"shape": [1], "dtype": "float32", "min": -1.0, "max": 1.0, "seed": 0},
              infer_shape=_infer_from_attrs)
 def _uniform_random(ctx) -> None:
-    shape, dtype = _shape_attr(ctx), attr_dtype(ctx.attr("dtype"))
-    _check_shape(ctx, shape)
+    shape, dtype = _shape_and_dtype(ctx)
     lo, hi = float(ctx.attr("min")), float(ctx.attr("max"))
     ctx.set_output("Out", _generator(ctx).uniform(lo, hi, shape).astype(dtype))
 
@@ -75,8 +72,7 @@ def _uniform_random(ctx) -> None:
              attrs={"shape": [1], "dtype": "float32", "mean": 0.0, "std": 1.0, "seed": 0},
              infer_shape=_infer_from_attrs)
 def _gaussian_random(ctx) -> None:
-    shape, dtype = _shape_attr(ctx), attr_dtype(ctx.attr("dtype"))
-    _check_shape(ctx, shape)
+    shape, dtype = _shape_and_dtype(ctx)
     mean, std = float(ctx.attr("mean")), float(ctx.attr("std"))
     ctx.set_output("Out", _generator(ctx).normal(mean, std, shape).astype(dtype))
 
