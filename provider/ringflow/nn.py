@@ -58,6 +58,9 @@ def fc(x: Variable, size: int, weight_attr: Any = None, bias_attr: Any = None,
     (``elementwise_add``; ``bias_attr=False``: none). Parameters take x's dtype."""
     if activation is not None and activation not in _ACTIVATIONS:
         raise ProgramError(f"fc: unknown activation {activation!r}; one of {_ACTIVATIONS}")
+    if np.dtype(x.dtype).kind != "f":
+        raise ProgramError(f"fc: input {x.name!r} is {x.dtype}; fc needs a float input (its "
+                           f"parameters take the input's dtype)")
     in_dim = x.shape[-1] if x.shape else -1
     if in_dim <= 0:
         raise ProgramError(f"fc: the last dim of {x.name!r} {list(x.shape or [])} must be known")

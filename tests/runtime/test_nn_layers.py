@@ -244,3 +244,8 @@ def test_cross_entropy_mean_gradient_divides_by_kept_rows(programs):
     p[[0, 2], [2, 0]] -= 1
     p[1] = 0
     np.testing.assert_allclose(got, p / 2, rtol=1e-10)
+
+
+def test_fc_on_an_integer_input_is_rejected(programs):
+    with pytest.raises(ProgramError, match="fc: input 'ids' is int64; fc needs a float input"):
+        rf.nn.fc(rf.data("ids", [-1, 3], "int64"), 4)

@@ -146,6 +146,17 @@ def test_insert_and_remove_op_keep_order(scratch_ops):
     assert [op.output("Out")[0] for op in block.ops] == ["b", "c"]
 
 
+def test_inserted_op_that_fails_shape_inference_names_its_position(scratch_ops):
+    block = rf.Program().global_block()
+    block.create_var(name="a", shape=[2, 3])
+    block.create_var(name="b", shape=[4, 3])
+    for out in ("c", "d"):
+        block.append_op("rft_scale", inputs={"X": "a"}, outputs={"Out": out})
+    with pytest.raises(ProgramError, match=r"building op 'rft_add' \(would be op 1 of block 0\)"):
+        block._insert_op(1, "rft_add", inputs={"X": "a", "Y": "b"}, outputs={"Out": "e"})
+    assert [op.type for op in block.ops] == ["rft_scale", "rft_scale"]
+
+
 def test_parameters_are_persistable_and_listed(scratch_ops):
     block = rf.Program().global_block()
     _chain(block)

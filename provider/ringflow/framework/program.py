@@ -84,14 +84,15 @@ class Block:
     # ops -----------------------------------------------------------------------------------
     def append_op(self, type: str, inputs: dict | None = None, outputs: dict | None = None,
                   attrs: dict | None = None) -> Operator:
-        op = self._make_op(type, inputs, outputs, attrs)
+        op = self._make_op(type, inputs, outputs, attrs, len(self.ops))
         self.ops.append(op)
         self.program._bump()
         return op
 
     def _insert_op(self, index: int, type: str, inputs: dict | None = None,
                    outputs: dict | None = None, attrs: dict | None = None) -> Operator:
-        op = self._make_op(type, inputs, outputs, attrs)
+        at = min(index if index >= 0 else max(len(self.ops) + index, 0), len(self.ops))
+        op = self._make_op(type, inputs, outputs, attrs, at)
         self.ops.insert(index, op)
         self.program._bump()
         return op
@@ -105,11 +106,13 @@ class Block:
         self.program._bump()
 
     def _make_op(self, type: str, inputs: dict | None, outputs: dict | None,
-                 attrs: dict | None) -> Operator:
+                 attrs: dict | None, index: int) -> Operator:
+        """The op, checked against its definition and with its output variables made or
+        given their inferred shapes; ``index`` is where it will go (for error messages)."""
         opdef = get_op_def(type)
         ins = {slot: _names(v) for slot, v in (inputs or {}).items()}
         outs = {slot: _names(v) for slot, v in (outputs or {}).items()}
-        where = f"building op {type!r} (would be op {len(self.ops)} of block {self.idx})"
+        where = f"building op {type!r} (would be op {index} of block {self.idx})"
         errors = slot_errors(opdef, ins, outs)
         if errors:
             raise ProgramError(f"{where}: {errors[0]}")
@@ -123,10 +126,10 @@ class Block:
         if self.program._current_role_var and OP_ROLE_VAR_KEY not in (attrs or {}):
             full_attrs[OP_ROLE_VAR_KEY] = list(self.program._current_role_var)
         op = Operator(self, type, ins, outs, full_attrs)
-        self._infer_output_vars(op, opdef)
+        self._infer_output_vars(op, opdef, where)
         return op
 
-    def _infer_output_vars(self, op: Operator, opdef) -> None:
+    def _infer_output_vars(self, op: Operator, opdef, where: str) -> None:
         """Create missing output vars and fill in shapes that are still unknown."""
         for names in op.outputs.values():
             for n in names:
@@ -137,11 +140,12 @@ class Block:
         ctx = ShapeContext(op, self)
         try:
             opdef.infer_shape(ctx)
-        except RingflowError:
-            raise
+        except RingflowError as exc:
+            # the op's own explanation ("op 'matmul_v2': contracted dims differ ..."), placed
+            message = str(exc).removeprefix(f"op {op.type!r}: ")
+            raise ProgramError(f"{where}: {message}\n  {op!r}") from exc
         except Exception as exc:
-            raise ProgramError(f"building op {op.type!r} (would be op {len(self.ops)} of block "
-                               f"{self.idx}): shape inference failed: {exc}\n  {op!r}") from exc
+            raise ProgramError(f"{where}: shape inference failed: {exc}\n  {op!r}") from exc
         for slot, metas in ctx.results.items():
             for name, meta in zip(op.outputs.get(slot, []), metas):
                 v = self._find_var_recursive(name) if name != EMPTY_VAR_NAME else None

@@ -1,5 +1,5 @@
 """Shape inference shared by the op families: grads shaped like forward vars, Paddle's
-elementwise broadcasting with unknown (-1) dims, and normalised axes."""
+elementwise broadcasting with unknown (-1) dims, normalised axes, one dtype for inputs."""
 
 from __future__ import annotations
 
@@ -32,6 +32,16 @@ def like_inputs(*pairs: tuple[str, str]):
                     ctx.set_output(dst, shape, ctx.input_dtype(src, i), i)
 
     return infer
+
+
+def same_dtype(ctx, *slots: str) -> str:
+    """The one dtype of the given input slots; different dtypes fail the build, as in
+    Paddle (numpy would silently promote float32 with float64 to float64)."""
+    dtypes = {slot: ctx.input_dtype(slot) for slot in slots}
+    if len(set(dtypes.values())) > 1:
+        shown = ", ".join(f"{slot} is {dtype}" for slot, dtype in dtypes.items())
+        raise ProgramError(f"{_where(ctx)}: inputs must have one dtype: {shown}")
+    return dtypes[slots[0]]
 
 
 def norm_axis(axis: int, ndim: int, ctx=None) -> int:

@@ -12,7 +12,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ..framework.registry import make_grad_op, register_op
-from ._shapes import aligned_y_shape, broadcast_shapes, like_inputs
+from ._shapes import aligned_y_shape, broadcast_shapes, like_inputs, same_dtype
 
 # full-shape gradient of one input: fn(dout, x, y, out, result) writes into result
 GradFn = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray], object]
@@ -28,7 +28,7 @@ def aligned_shapes(x_shape, y_shape, axis: int) -> tuple[tuple[int, ...], tuple[
 def _infer(ctx) -> None:
     xs, ys = aligned_shapes(ctx.input_shape("X"), ctx.input_shape("Y"), int(ctx.attr("axis")))
     shape = broadcast_shapes(xs, ys, f"op {ctx.op.type!r} (X {list(xs)}, Y {list(ys)})")
-    ctx.set_output("Out", shape, ctx.input_dtype("X"))
+    ctx.set_output("Out", shape, same_dtype(ctx, "X", "Y"))
 
 
 def _inputs(ctx) -> tuple[np.ndarray, np.ndarray]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import ExecutionError
+from ..errors import ExecutionError, ProgramError
 from ..framework.registry import make_grad_op, register_op
 from ._shapes import like_inputs, norm_axis
 
@@ -18,9 +18,32 @@ def _loss_shape(shape, axis: int) -> tuple[int, ...]:
     return tuple(1 if i == axis else d for i, d in enumerate(shape))
 
 
+def _fits(shape, want) -> bool:
+    return len(shape) == len(want) and all(-1 in (a, b) or a == b for a, b in zip(shape, want))
+
+
+def _check_label(ctx, shape, axis: int) -> None:
+    """Hard labels: integers, one per row (the loss's shape, or it without the class
+    dim); soft labels: a distribution shaped like Logits, of its dtype."""
+    label, dtype = ctx.input_shape("Label"), ctx.input_dtype("Label")
+    if ctx.attr("soft_label"):
+        wanted, ok = f"{ctx.input_dtype('Logits')}{list(shape)} like Logits", (
+            _fits(label, shape) and dtype == ctx.input_dtype("Logits"))
+    else:
+        loss = _loss_shape(shape, axis)
+        rows = loss[:axis] + loss[axis + 1:]
+        wanted = f"int64 (or int32) {list(loss)} or {list(rows)}"
+        ok = np.dtype(dtype).kind in "iu" and (_fits(label, loss) or _fits(label, rows))
+    if not ok:
+        raise ProgramError(f"op {ctx.op.type!r}: Label is {dtype}{list(label)}; with "
+                           f"soft_label={bool(ctx.attr('soft_label'))} and Logits "
+                           f"{list(shape)} it must be {wanted}")
+
+
 def _infer(ctx) -> None:
     shape, dtype = ctx.input_shape("Logits"), ctx.input_dtype("Logits")
     axis = norm_axis(int(ctx.attr("axis")), len(shape), ctx)
+    _check_label(ctx, shape, axis)
     ctx.set_output("Softmax", shape, dtype)
     ctx.set_output("Loss", _loss_shape(shape, axis), dtype)
 

@@ -11,7 +11,7 @@ import numpy as np
 
 from ..errors import ProgramError
 from ..framework.registry import make_grad_op, register_op
-from ._shapes import broadcast_shapes, like_inputs
+from ._shapes import broadcast_shapes, like_inputs, same_dtype
 
 
 def _t(a: np.ndarray) -> np.ndarray:
@@ -52,7 +52,7 @@ def _flags(ctx, x: np.ndarray, y: np.ndarray) -> tuple[bool, bool]:
 def _infer_matmul(ctx) -> None:
     shape = matmul_shape(ctx.input_shape("X"), ctx.input_shape("Y"), bool(ctx.attr("trans_x")),
                          bool(ctx.attr("trans_y")), f"op {ctx.op.type!r}")
-    ctx.set_output("Out", shape, ctx.input_dtype("X"))
+    ctx.set_output("Out", shape, same_dtype(ctx, "X", "Y"))
 
 
 _MATMUL_ATTRS = {"trans_x": False, "trans_y": False}
@@ -134,7 +134,7 @@ def _infer_mul(ctx) -> None:
     if -1 not in (k_x, k_y) and k_x != k_y:
         raise ProgramError(f"op 'mul': X {list(xs)} flattens to {k_x} columns but Y "
                            f"{list(ys)} to {k_y} rows")
-    ctx.set_output("Out", (*xs[:xn], *ys[yn:]), ctx.input_dtype("X"))
+    ctx.set_output("Out", (*xs[:xn], *ys[yn:]), same_dtype(ctx, "X", "Y"))
 
 
 def _as_matrices(ctx):

@@ -184,6 +184,9 @@ _LOOKUP_ATTRS = {"padding_idx": -1, "is_sparse": False}
 
 
 def _infer_lookup(ctx) -> None:
+    if np.dtype(ctx.input_dtype("Ids")).kind not in "iu":
+        raise ProgramError(f"op {ctx.op.type!r}: Ids must be integers (int64), got "
+                           f"{ctx.input_dtype('Ids')}")
     w = ctx.input_shape("W")
     ctx.set_output("Out", (*ctx.input_shape("Ids"), w[-1]), ctx.input_dtype("W"))
 

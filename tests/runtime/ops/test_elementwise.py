@@ -81,3 +81,11 @@ def test_add_grad_with_two_same_shape_inputs_gives_distinct_arrays():
     x, y = _operands((3, 2), (3, 2))
     grads = check_grad("elementwise_add", {"X": x, "Y": y})
     assert not np.shares_memory(grads["X"][0], grads["Y"][0])
+
+
+def test_elementwise_rejects_inputs_of_different_dtypes_when_built():
+    # numpy would promote to float64 while the program says float32
+    with pytest.raises(ProgramError, match=r"building op 'elementwise_add' \(would be op 0 of "
+                                           r"block 0\): inputs must have one dtype: X is "
+                                           r"float32, Y is float64"):
+        build("elementwise_add", {"X": np.zeros((2, 3), np.float32), "Y": np.zeros(3)})

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ringflow.errors import ExecutionError
+from ringflow.errors import ExecutionError, ProgramError
 from tests.runtime.gradcheck import build, check_grad, forward
 
 rng = np.random.default_rng(9)
@@ -93,3 +93,16 @@ def test_loss_shape_is_inferred_with_unknown_batch():
     block = program.global_block()
     assert block.var(op.output("Loss")[0]).shape == (-1, 1)
     assert block.var(op.output("Softmax")[0]).shape == (-1, 3)
+
+
+@pytest.mark.parametrize("label, attrs, message", [
+    (np.zeros(4, np.float32), {}, r"Label is float32\[4\]; with soft_label=False and Logits "
+                                  r"\[4, 3\] it must be int64 \(or int32\) \[4, 1\] or \[4\]"),
+    (np.zeros((4, 2), np.int64), {}, r"Label is int64\[4, 2\]"),
+    (np.zeros((4, 2)), {"soft_label": True}, r"Label is float64\[4, 2\]; with soft_label=True "
+                                             r"and Logits \[4, 3\] it must be float64\[4, 3\]"),
+])
+def test_label_of_the_wrong_dtype_or_shape_is_rejected_when_built(label, attrs, message):
+    with pytest.raises(ProgramError, match=r"building op 'softmax_with_cross_entropy' \(would "
+                                           r"be op 0 of block 0\): " + message):
+        build("softmax_with_cross_entropy", {"Logits": np.zeros((4, 3)), "Label": label}, attrs)

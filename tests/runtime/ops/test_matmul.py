@@ -68,3 +68,10 @@ def test_mul_flattens_to_matrices():
     np.testing.assert_allclose(out, x.reshape(2, 12) @ y, rtol=1e-12)
     check_grad("mul", {"X": x, "Y": y})
     check_grad("mul", {"X": x, "Y": rng.standard_normal((4, 5))}, {"x_num_col_dims": 2})
+
+
+@pytest.mark.parametrize("op", ["matmul_v2", "mul"])
+def test_matmul_rejects_inputs_of_different_dtypes_when_built(op):
+    with pytest.raises(ProgramError, match="inputs must have one dtype: X is float64, Y is "
+                                           "float32"):
+        build(op, {"X": np.zeros((2, 3)), "Y": np.zeros((3, 4), np.float32)})

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ringflow.errors import ExecutionError
+from ringflow.errors import ExecutionError, ProgramError
 from tests.runtime.gradcheck import build, check_grad, forward, run_program
 
 rng = np.random.default_rng(13)
@@ -139,3 +139,9 @@ def test_lookup_table_gradient_accumulates_repeated_ids(padding_idx):
 def test_lookup_table_rejects_out_of_range_ids():
     with pytest.raises(ExecutionError, match="id 9 is out of range for a table of 4 rows"):
         forward("lookup_table_v2", {"W": np.zeros((4, 2)), "Ids": np.array([1, 9])})
+
+
+def test_lookup_table_rejects_float_ids_when_built():
+    with pytest.raises(ProgramError, match=r"building op 'lookup_table_v2' .*Ids must be "
+                                           r"integers \(int64\), got float32"):
+        build("lookup_table_v2", {"W": np.zeros((5, 2)), "Ids": np.zeros(3, np.float32)})
