@@ -35,13 +35,17 @@ def like_inputs(*pairs: tuple[str, str]):
 
 
 def same_dtype(ctx, *slots: str) -> str:
-    """The one dtype of the given input slots; different dtypes fail the build, as in
-    Paddle (numpy would silently promote float32 with float64 to float64)."""
-    dtypes = {slot: ctx.input_dtype(slot) for slot in slots}
-    if len(set(dtypes.values())) > 1:
-        shown = ", ".join(f"{slot} is {dtype}" for slot, dtype in dtypes.items())
+    """The one dtype of the variables in the given input slots; different dtypes fail the
+    build, as in Paddle (numpy would silently promote float32 with float64 to float64)."""
+    found = []
+    for slot in slots:
+        count = len(ctx.input_names(slot))
+        for i in range(count):
+            found.append((slot if count == 1 else f"{slot}[{i}]", ctx.input_dtype(slot, i)))
+    if len({dtype for _, dtype in found}) > 1:
+        shown = ", ".join(f"{name} is {dtype}" for name, dtype in found)
         raise ProgramError(f"{_where(ctx)}: inputs must have one dtype: {shown}")
-    return dtypes[slots[0]]
+    return found[0][1]
 
 
 def norm_axis(axis: int, ndim: int, ctx=None) -> int:

@@ -16,7 +16,7 @@ from ..framework.registry import (
     register_op,
     same_shape_as,
 )
-from ._shapes import like_inputs, norm_axis
+from ._shapes import like_inputs, norm_axis, same_dtype
 from .creation import attr_dtype
 
 # scale: Out = scale * X + bias (or scale * (X + bias)); grad = scale * dOut ---------------
@@ -86,7 +86,7 @@ def _infer_sum(ctx) -> None:
     if any(s != shapes[0] for s in shapes):
         raise ProgramError(f"op 'sum': inputs {ctx.input_names('X')} must have one shape, "
                            f"got {[list(s) for s in shapes]}")
-    ctx.set_output("Out", shapes[0], ctx.input_dtype("X"))
+    ctx.set_output("Out", shapes[0], same_dtype(ctx, "X"))
 
 
 @register_op("sum", inputs=["X*"], outputs=["Out"], infer_shape=_infer_sum, grad=_sum_grad)

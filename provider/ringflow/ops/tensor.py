@@ -7,7 +7,7 @@ import numpy as np
 
 from ..errors import ProgramError
 from ..framework.registry import OpDesc, grad_var_name, make_grad_op, register_op
-from ._shapes import like_inputs, norm_axis
+from ._shapes import like_inputs, norm_axis, same_dtype
 
 
 def _xshape(x: np.ndarray) -> np.ndarray:
@@ -175,7 +175,7 @@ def _infer_concat(ctx) -> None:
                                f"outside axis {axis}")
     dims = [s[axis] for s in shapes]
     out[axis] = -1 if -1 in dims else sum(dims)
-    ctx.set_output("Out", out, ctx.input_dtype("X"))
+    ctx.set_output("Out", out, same_dtype(ctx, "X"))
 
 
 @register_op("concat", inputs=["X*"], outputs=["Out"], attrs={"axis": 0},

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from ringflow.errors import ProgramError
 from tests.runtime.gradcheck import build, check_grad, forward
 
 rng = np.random.default_rng(7)
@@ -94,3 +95,10 @@ def test_sqrt_and_square_match_numpy_and_gradients():
     np.testing.assert_allclose(forward("square", {"X": x})["Out"][0], x * x)
     check_grad("sqrt", {"X": x})
     check_grad("square", {"X": x})
+
+
+def test_sum_rejects_inputs_of_different_dtypes_when_built():
+    with pytest.raises(ProgramError, match=r"building op 'sum' \(would be op 0 of block 0\): "
+                                           r"inputs must have one dtype: X\[0\] is float32, "
+                                           r"X\[1\] is float64"):
+        build("sum", {"X": [np.zeros(2, np.float32), np.zeros(2)]})

@@ -115,3 +115,9 @@ def test_slice_keeps_unknown_batch_dim():
     program, op, _ = build("slice", {"Input": np.zeros((4, 6))},
                            {"axes": [1], "starts": [2], "ends": [5]}, batch_unknown=True)
     assert program.global_block().var(op.output("Out")[0]).shape == (-1, 3)
+
+
+def test_concat_rejects_inputs_of_different_dtypes_when_built():
+    with pytest.raises(ProgramError, match=r"inputs must have one dtype: X\[0\] is float64, "
+                                           r"X\[1\] is int64"):
+        build("concat", {"X": [np.zeros((2, 1)), np.zeros((2, 1), np.int64)]}, {"axis": 1})
