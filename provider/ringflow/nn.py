@@ -49,6 +49,12 @@ def _op(type: str, inputs: dict, attrs: dict | None = None, **kw: Any) -> Variab
 
 
 # layers with parameters ----------------------------------------------------------------------
+def _require_float(layer: str, x: Variable) -> None:
+    if np.dtype(x.dtype).kind != "f":
+        raise ProgramError(f"{layer}: input {x.name!r} is {x.dtype}; {layer} needs a float "
+                           f"input (its parameters take the input's dtype)")
+
+
 _ACTIVATIONS = ("relu", "gelu", "tanh", "sigmoid", "softmax")
 
 
@@ -58,9 +64,7 @@ def fc(x: Variable, size: int, weight_attr: Any = None, bias_attr: Any = None,
     (``elementwise_add``; ``bias_attr=False``: none). Parameters take x's dtype."""
     if activation is not None and activation not in _ACTIVATIONS:
         raise ProgramError(f"fc: unknown activation {activation!r}; one of {_ACTIVATIONS}")
-    if np.dtype(x.dtype).kind != "f":
-        raise ProgramError(f"fc: input {x.name!r} is {x.dtype}; fc needs a float input (its "
-                           f"parameters take the input's dtype)")
+    _require_float("fc", x)
     in_dim = x.shape[-1] if x.shape else -1
     if in_dim <= 0:
         raise ProgramError(f"fc: the last dim of {x.name!r} {list(x.shape or [])} must be known")
@@ -97,6 +101,7 @@ def layer_norm(x: Variable, begin_norm_axis: int = 1, epsilon: float = 1e-5,
                name: str | None = None) -> Variable:
     """Normalises over dims [begin_norm_axis, ...) with a learned scale (init 1) and shift
     (init 0) of that many elements; ``weight_attr``/``bias_attr`` False drops one."""
+    _require_float("layer_norm", x)
     right = x.shape[begin_norm_axis:]
     if any(d < 0 for d in right):
         raise ProgramError(f"layer_norm: dims {begin_norm_axis}.. of {x.name!r} "

@@ -246,6 +246,9 @@ def test_cross_entropy_mean_gradient_divides_by_kept_rows(programs):
     np.testing.assert_allclose(got, p / 2, rtol=1e-10)
 
 
-def test_fc_on_an_integer_input_is_rejected(programs):
-    with pytest.raises(ProgramError, match="fc: input 'ids' is int64; fc needs a float input"):
-        rf.nn.fc(rf.data("ids", [-1, 3], "int64"), 4)
+@pytest.mark.parametrize("layer", ["fc", "layer_norm"])
+def test_layers_with_parameters_reject_an_integer_input(programs, layer):
+    ids = rf.data("ids", [-1, 3], "int64")
+    with pytest.raises(ProgramError, match=f"{layer}: input 'ids' is int64; {layer} needs a "
+                                           f"float input"):
+        rf.nn.fc(ids, 4) if layer == "fc" else rf.nn.layer_norm(ids)
