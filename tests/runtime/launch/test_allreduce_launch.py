@@ -1,0 +1,59 @@
+"""The launcher and the collectives together: ranks started by the launcher all-reduce
+through ringflow.distributed, and a rank SIGKILLed mid-loop ends the job with that rank
+named, in bounded time, with no process and no shm segment left (the `launcher` fixture)."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+pytestmark = [pytest.mark.multiproc, pytest.mark.timeout(90)]
+
+ALLREDUCE = """
+    import os, signal, sys
+    import numpy as np
+    import ringflow.distributed as dist
+
+    steps, victim = int(sys.argv[1]), int(sys.argv[2])
+    dist.init_parallel_env()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    expect = world * np.arange(1000, dtype=np.float64) + world * (world - 1) / 2
+    for step in range(steps):
+        x = np.arange(1000, dtype=np.float64) + rank
+        dist.all_reduce(x)
+        if not np.array_equal(x, expect):
+            print(f"step {step}: wrong sum {x[:3]}")
+            sys.exit(5)
+        if rank == victim and step == 20:
+            print("victim dies at step 20", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+    print(f"{steps} all-reduces ok")
+    dist.destroy_process_group()
+"""
+
+
+@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("transport", ["auto", "tcp"])
+def test_launched_ranks_all_reduce_to_the_same_sums(launcher, world, transport):
+    launcher.script("allreduce.py", ALLREDUCE)
+    done = launcher.run("--nproc-per-host", str(world), "allreduce.py", "50", "-1",
+                        env=launcher.env(RINGFLOW_TRANSPORT=transport), timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert sorted(done.lines("[rank ")) == [f"{r}] 50 all-reduces ok" for r in range(world)]
+
+
+@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("transport", ["auto", "tcp"])
+def test_a_rank_sigkilled_mid_all_reduce_ends_the_job_naming_it(launcher, world, transport):
+    launcher.script("allreduce.py", ALLREDUCE)
+    victim = world - 1
+    done = launcher.run("--nproc-per-host", str(world), "allreduce.py", "1000000",
+                        str(victim), env=launcher.env(RINGFLOW_TRANSPORT=transport,
+                                                      RINGFLOW_COMM_TIMEOUT="20"),
+                        timeout=60)
+    assert done.returncode == 128 + signal.SIGKILL
+    assert done.result["failed_rank"] == victim
+    assert f"rank {victim} (local rank {victim}" in done.stdout
+    assert "killed by SIGKILL (exit code 137)" in done.stdout
+    assert "victim dies at step 20" in done.stdout
