@@ -26,8 +26,9 @@ ALLREDUCE = """
             print(f"step {step}: wrong sum {x[:3]}")
             sys.exit(5)
         if rank == victim and step == 20:
-            print("victim dies at step 20", flush=True)
-            os.kill(os.getpid(), signal.SIGKILL)
+            how = signal.SIGSTOP if "--stop" in sys.argv else signal.SIGKILL
+            print(f"victim gets {how.name} at step 20", flush=True)
+            os.kill(os.getpid(), how)
     print(f"{steps} all-reduces ok")
     dist.destroy_process_group()
 """
@@ -56,4 +57,23 @@ def test_a_rank_sigkilled_mid_all_reduce_ends_the_job_naming_it(launcher, world,
     assert done.result["failed_rank"] == victim
     assert f"rank {victim} (local rank {victim}" in done.stdout
     assert "killed by SIGKILL (exit code 137)" in done.stdout
-    assert "victim dies at step 20" in done.stdout
+    assert "victim gets SIGKILL at step 20" in done.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("transport", ["auto", "tcp"])
+def test_a_stopped_rank_makes_a_peer_fail_and_the_launcher_ends_the_job(launcher, transport):
+    """SIGSTOP: the process lives, its sockets stay open; peers notice the silence after
+    RINGFLOW_HEARTBEAT_TIMEOUT, and the launcher then removes the stopped rank too."""
+    launcher.script("allreduce.py", ALLREDUCE)
+    env = launcher.env(RINGFLOW_TRANSPORT=transport, RINGFLOW_COMM_TIMEOUT="3",
+                       RINGFLOW_HEARTBEAT_TIMEOUT="3")
+    done = launcher.run("--nproc-per-host", "3", "allreduce.py", "1000000", "2", "--stop",
+                        env=env, timeout=60)
+    assert done.returncode == 1
+    assert done.result["failed_rank"] in (0, 1)
+    assert "CommError" in done.lines("[launch]   | ")[-1]
+    logs = [(launcher.dir / "log" / f"workerlog.{r}").read_text() for r in (0, 1)]
+    assert any("failed with peer rank 2: no heartbeat from rank 2" in log for log in logs)
+    stopped = done.result["ranks"][2]
+    assert stopped["stopped_by_launcher"] and stopped["signal"] == "SIGTERM"
