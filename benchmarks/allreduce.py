@@ -101,16 +101,21 @@ def ensure_bench_venv() -> bool:
     return probe.returncode == 0
 
 
-def one_round(n: int, sizes: list[int], anchors: bool, mpi: bool) -> list[dict]:
-    py = sys.executable
-    recs = spawn_ranks(py, "ringflow", n, sizes, {})
-    recs += spawn_ranks(py, "ringflow", n, sizes, {"RINGFLOW_TRANSPORT": "tcp"})
-    if anchors:
+def one_round(n: int, sizes: list[int], backends: set[str]) -> list[dict]:
+    py, recs = sys.executable, []
+    if "ringflow-shm" in backends:
+        recs += spawn_ranks(py, "ringflow", n, sizes, {})
+    if "ringflow-tcp" in backends:
+        recs += spawn_ranks(py, "ringflow", n, sizes, {"RINGFLOW_TRANSPORT": "tcp"})
+    if "gloo" in backends:
         recs += spawn_ranks(str(BENCH_PY), "gloo", n, sizes, {})
-    if mpi:
-        recs += run_mpi(n, sizes, tcp=False) + run_mpi(n, sizes, tcp=True)
-    recs += spawn_ranks(py, "memcpy", n, sizes, {})
-    if n == 2:
+    if "mpi" in backends:
+        recs += run_mpi(n, sizes, tcp=False)
+    if "mpi-tcp" in backends:
+        recs += run_mpi(n, sizes, tcp=True)
+    if "memcpy" in backends:
+        recs += spawn_ranks(py, "memcpy", n, sizes, {})
+    if "tcpstream" in backends and n == 2:
         recs += spawn_ranks(py, "tcpstream", 2, sizes, {})
     return recs
 
@@ -176,17 +181,20 @@ def main() -> None:
     ap.add_argument("--nprocs", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--sizes", default=",".join(map(str, SIZES)))
-    ap.add_argument("--no-anchors", action="store_true", help="ringflow and limits only")
+    ap.add_argument("--backends", default=",".join(ORDER), help="comma-separated subset")
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
-    anchors = not args.no_anchors and ensure_bench_venv()
-    mpi = anchors and shutil.which("mpirun") is not None
+    backends = set(args.backends.split(","))
+    if backends & {"gloo", "mpi", "mpi-tcp"} and not ensure_bench_venv():
+        backends -= {"gloo", "mpi", "mpi-tcp"}
+    if shutil.which("mpirun") is None:
+        backends -= {"mpi", "mpi-tcp"}
     RESULTS.mkdir(exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     load_before = Path("/proc/loadavg").read_text().split()[:3]
     records = []
     for rnd in range(args.rounds):
-        for rec in one_round(args.nprocs, sizes, anchors, mpi):
+        for rec in one_round(args.nprocs, sizes, backends):
             rec["round"] = rnd
             records.append(rec)
             print(f"round {rnd} {rec['backend']:>13} {size_label(rec['size']):>8} "

@@ -137,7 +137,12 @@ def tcpstream(sizes) -> None:
         srv = socket.create_server((host, int(port)))
         conn, _ = srv.accept()
     else:
-        conn = socket.create_connection((host, int(port)), timeout=60)
+        for _ in range(600):  # rank 0 may not listen yet
+            try:
+                conn = socket.create_connection((host, int(port)), timeout=60)
+                break
+            except ConnectionRefusedError:
+                time.sleep(0.05)
     conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     for size in sizes:
         out, inb = np.ones(size, np.uint8), np.empty(size, np.uint8)

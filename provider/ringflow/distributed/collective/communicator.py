@@ -182,9 +182,8 @@ class Communicator:
         if self._local is not None:
             self._local.all_gather(flat, out, self._deadline())
             return
-        rows = [(p * flat.size, (p + 1) * flat.size) for p in range(self.nranks)]
-        ring.ring_all_gather_chunks(out.reshape(-1), self._link, self.pos, self.nranks, rows, 0,
-                                    self._deadline())
+        ring.ring_all_gather(out, self._link, self.pos, self.nranks, SEGMENT_BYTES,
+                             self._deadline())
 
     def reduce(self, arr: np.ndarray, root: int, op: int = ReduceOp.SUM) -> np.ndarray:
         """Rank `root` gets the reduction in `arr`; the others keep their input."""

@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ringflow.distributed.collective.ring import RingPlan, ring_plan, split
+from ringflow.distributed.collective.ring import RingPlan, pieces, ring_plan
 from ringflow.distributed.collective.transport.base import Deadline, OpContext, spin_wait
 from ringflow.distributed.collective.transport.shm import SEQ, SIG0, Segment
 
@@ -157,7 +157,7 @@ class IntraHost:
         self._deadline = deadline
         sig = self._signature("all_gather", buf, None)
         per = max(1, self.slot_bytes // buf.itemsize)
-        for a, b in _pieces(buf.size, per):
+        for a, b in pieces(buf.size, per):
             slot, sig = self._begin_round(sig)
             self._slot_view(self.pos, slot, buf.dtype, 0, b - a)[...] = buf[a:b]
             self._post()
@@ -172,7 +172,7 @@ class IntraHost:
         self._deadline = deadline
         sig = self._signature("broadcast", buf, root_pos)
         per = max(1, self.slot_bytes // buf.itemsize)
-        for a, b in _pieces(buf.size, per):
+        for a, b in pieces(buf.size, per):
             slot, sig = self._begin_round(sig)
             if self.pos == root_pos:
                 self._slot_view(self.pos, slot, buf.dtype, 0, b - a)[...] = buf[a:b]
@@ -182,10 +182,6 @@ class IntraHost:
             if self.pos != root_pos:
                 buf[a:b] = self._slot_view(root_pos, slot, buf.dtype, 0, b - a)
             self._end_round(slot)
-
-
-def _pieces(count: int, per: int) -> list[tuple[int, int]]:
-    return split(count, max(1, -(-count // per))) if count else []
 
 
 def _signature(op: str, buf: np.ndarray, extra: object) -> int:

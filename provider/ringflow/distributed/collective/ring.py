@@ -72,45 +72,50 @@ Ufunc = Callable[..., np.ndarray]
 
 def ring_all_reduce(buf: np.ndarray, ufunc: Ufunc, link: TcpLink, pos: int, n: int,
                     plan: RingPlan, deadline: Deadline) -> None:
-    """In-place all-reduce of the 1-D contiguous `buf` around the ring."""
+    """In-place all-reduce of the 1-D contiguous `buf` around the ring: per step, send one
+    segment and receive one, so the next segment arrives while this one is reduced."""
     scratch = np.empty(plan.segment_elems, dtype=buf.dtype)
     for send_c, recv_c in reduce_scatter_steps(pos, n):
-        s0, s1 = plan.chunks[send_c]
-        link.begin_send(byte_view(buf[s0:s1]))
         for k in range(plan.nsegments):
+            s0, s1 = plan.segment(send_c, k)
             r0, r1 = plan.segment(recv_c, k)
             tmp = scratch[:r1 - r0]
+            link.send(byte_view(buf[s0:s1]), deadline)
             link.recv_into(byte_view(tmp), deadline)
             # the left partial sum comes first: fixed order, so replicas agree bit for bit
             ufunc(tmp, buf[r0:r1], out=buf[r0:r1])
-        link.finish_send(deadline)
-    ring_all_gather_chunks(buf, link, pos, n, plan.chunks, 1, deadline)
+    for send_c, recv_c in all_gather_steps(pos, n):
+        for k in range(plan.nsegments):
+            s0, s1 = plan.segment(send_c, k)
+            r0, r1 = plan.segment(recv_c, k)
+            link.send(byte_view(buf[s0:s1]), deadline)
+            link.recv_into(byte_view(buf[r0:r1]), deadline)
 
 
-def ring_all_gather_chunks(buf: np.ndarray, link: TcpLink, pos: int, n: int,
-                           chunks: tuple[tuple[int, int], ...] | list[tuple[int, int]],
-                           owned_shift: int, deadline: Deadline) -> None:
-    """Circulate chunks until every position holds all; position p starts with chunk
-    (p + owned_shift) % n."""
-    for send_c, recv_c in all_gather_steps(pos, n, owned_shift):
-        s0, s1 = chunks[send_c]
-        r0, r1 = chunks[recv_c]
-        link.begin_send(byte_view(buf[s0:s1]))
-        link.recv_into(byte_view(buf[r0:r1]), deadline)
-        link.finish_send(deadline)
+def ring_all_gather(rows: np.ndarray, link: TcpLink, pos: int, n: int,
+                    max_segment_bytes: int, deadline: Deadline) -> None:
+    """rows[p] holds position p's contribution; circulate until every position has all."""
+    plan = ring_plan(rows.size, n, rows.itemsize, max_segment_bytes)
+    flat = rows.reshape(-1)
+    per = rows.shape[1]
+    for send_c, recv_c in all_gather_steps(pos, n, owned_shift=0):
+        for a, b in pieces(per, plan.segment_elems or 1):
+            link.send(byte_view(flat[send_c * per + a:send_c * per + b]), deadline)
+            link.recv_into(byte_view(flat[recv_c * per + a:recv_c * per + b]), deadline)
 
 
 def ring_broadcast(buf: np.ndarray, link: TcpLink, pos: int, root_pos: int, n: int,
                    max_segment_bytes: int, deadline: Deadline) -> None:
     """Pipelined chain root -> root+1 -> ... -> root-1, one segment at a time."""
     dist = (pos - root_pos) % n
-    last = dist == n - 1
     step = max(1, max_segment_bytes // max(buf.itemsize, 1))
-    for a in range(0, buf.size, step):
-        seg = byte_view(buf[a:a + step])
+    for a, b in pieces(buf.size, step):
+        seg = byte_view(buf[a:b])
         if dist:
-            link.recv_into(seg, deadline)  # pushes the previous segment on meanwhile
-        if not last:
-            link.finish_send(deadline)
-            link.begin_send(seg)
-    link.finish_send(deadline)
+            link.recv_into(seg, deadline)
+        if dist != n - 1:
+            link.send(seg, deadline)
+
+
+def pieces(count: int, per: int) -> list[tuple[int, int]]:
+    return split(count, max(1, -(-count // per))) if count else []

@@ -2,9 +2,13 @@
 direction of the same sockets carries heartbeat bytes (right -> left), so a silent or dead
 right neighbour is noticed even while nobody sends data.
 
-Sockets are non-blocking and driven by poll(): a pending send makes progress while a receive
-waits, so every rank can send to the right and receive from the left at once (no deadlock),
-and data go from the kernel straight into numpy buffers (recv_into a memoryview).
+Sockets block (the kernel waits, the GIL is released, recv_into fills numpy buffers with
+MSG_WAITALL), and the algorithms alternate send(segment) / recv_into(segment): at the start of
+every step the socket buffers are empty and at most two segments are in flight per direction,
+which the 4 MiB buffers always hold, so a send never waits for the peer (no deadlock) and the
+peer's next segment arrives while this rank reduces the last one. The heartbeat thread is also
+the watchdog: on a dead or silent peer or a passed deadline it shuts the sockets down, which
+wakes the blocked caller with the recorded cause.
 """
 
 from __future__ import annotations
@@ -19,9 +23,6 @@ import numpy as np
 
 from ringflow.distributed.collective.transport.base import Deadline, OpContext
 
-_POLL_MS = 200
-_EVENTS_ERR = select.POLLERR | select.POLLHUP | select.POLLNVAL
-
 
 def byte_view(arr: np.ndarray) -> memoryview:
     return memoryview(arr).cast("B") if arr.size else memoryview(b"")
@@ -35,39 +36,36 @@ class TcpLink:
         self.right, self.left = right, left
         self.right_rank, self.left_rank = right_rank, left_rank
         self.ctx = ctx
-        self._pending = memoryview(b"")
         self._failure: str | None = None
         self._failed_peer: int | None = None
+        self._timed_out = False
+        self._deadline: Deadline | None = None  # of the send/recv in progress, if any
         self._stop = threading.Event()
         self._hb_timeout = heartbeat_timeout
         for s in (right, left):
-            s.setblocking(False)
-        self._hb = threading.Thread(target=self._heartbeat, daemon=True,
+            s.setblocking(True)
+        self._hb = threading.Thread(target=self._watch, daemon=True,
                                     name=f"ringflow-heartbeat-ring{ctx.ring_id}")
         self._hb.start()
 
-    # -- heartbeat (own thread) ------------------------------------------------------------
-    def _heartbeat(self) -> None:
+    # -- heartbeat and watchdog (own thread) -----------------------------------------------
+    def _watch(self) -> None:
         interval = min(2.0, self._hb_timeout / 5)
         last_seen = time.monotonic()
         next_beat = 0.0
         while not self._stop.is_set():
             now = time.monotonic()
             if now >= next_beat:
-                try:
-                    self.left.send(b"h")
-                except BlockingIOError:
-                    pass
-                except OSError:
-                    pass  # the left neighbour's failure shows up on the data path
+                # a full buffer or a dead left neighbour shows up on the data path instead
+                with contextlib.suppress(OSError):
+                    self.left.send(b"h", socket.MSG_DONTWAIT)
                 next_beat = now + interval
             try:
                 readable, _, _ = select.select([self.right], [], [], interval / 2)
                 if readable:
-                    if not self.right.recv(4096):
-                        self._fail(self.right_rank, f"rank {self.right_rank} closed its "
-                                   "connection (process exited or was killed)")
-                        return
+                    if not self.right.recv(4096, socket.MSG_DONTWAIT):
+                        return self._fail(self.right_rank, f"rank {self.right_rank} closed its "
+                                          "connection (process exited or was killed)")
                     last_seen = time.monotonic()
             except (BlockingIOError, InterruptedError):
                 pass
@@ -75,92 +73,74 @@ class TcpLink:
                 if not self._stop.is_set():
                     self._fail(self.right_rank, f"connection to rank {self.right_rank} "
                                f"broke: {exc}")
-                return
+                return None
+            if self._stop.is_set():
+                return None
             if time.monotonic() - last_seen > self._hb_timeout:
-                self._fail(self.right_rank, f"no heartbeat from rank {self.right_rank} for "
-                           f"{self._hb_timeout:g} s (RINGFLOW_HEARTBEAT_TIMEOUT): process "
-                           "stopped or host unreachable")
-                return
+                return self._fail(self.right_rank, f"no heartbeat from rank {self.right_rank} "
+                                  f"for {self._hb_timeout:g} s (RINGFLOW_HEARTBEAT_TIMEOUT): "
+                                  "process stopped or host unreachable")
+            deadline = self._deadline
+            if deadline is not None and deadline.expired():
+                return self._fail(self.left_rank, f"no progress for {deadline.seconds:g} s "
+                                  f"(RINGFLOW_COMM_TIMEOUT) exchanging data with ranks "
+                                  f"{self.left_rank} and {self.right_rank}", timeout=True)
+        return None
 
-    def _fail(self, peer: int, cause: str) -> None:
+    def _fail(self, peer: int | None, cause: str, timeout: bool = False) -> None:
         if self._failure is None:
-            self._failed_peer, self._failure = peer, cause
+            self._failed_peer, self._failure, self._timed_out = peer, cause, timeout
+            self._shutdown()  # wakes a caller blocked in send/recv
 
-    def check(self) -> None:
-        """Raise CommError if the heartbeat thread saw the right neighbour die or go quiet."""
-        if self._failure is not None:
-            raise self.ctx.error(self._failed_peer, self._failure)
-
-    # -- data path (caller's thread) ---------------------------------------------------------
-    def begin_send(self, data: memoryview) -> None:
-        assert not self._pending, "previous send not finished"
-        self._pending = data
-
-    def _push(self) -> None:
-        try:
-            sent = self.right.send(self._pending)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError as exc:
-            raise self.ctx.error(self.right_rank, f"sending to rank {self.right_rank} "
-                                 f"failed: {exc.strerror or exc}") from None
-        self._pending = self._pending[sent:]
-
-    def _wait(self, want_read: bool, deadline: Deadline, what: str) -> bool:
-        """Block until a socket is ready; True when the left socket is readable."""
-        fds = select.poll()
-        if want_read:
-            fds.register(self.left.fileno(), select.POLLIN)
-        if self._pending:
-            fds.register(self.right.fileno(), select.POLLOUT)
-        events = fds.poll(max(0, min(_POLL_MS, int(deadline.remaining() * 1000) + 1)))
-        if not events:
-            self.check()
-            if deadline.expired():
-                peer = self.left_rank if want_read else self.right_rank
-                raise self.ctx.error(peer, f"no progress for {deadline.seconds:g} s "
-                                     f"(RINGFLOW_COMM_TIMEOUT) {what}", timeout=True)
-        readable = False
-        for fd, ev in events:
-            if fd == self.right.fileno():
-                if ev & _EVENTS_ERR:
-                    raise self.ctx.error(self.right_rank, f"connection to rank "
-                                         f"{self.right_rank} broke (peer died?)")
-                self._push()
-            else:
-                readable = True
-        return readable
-
-    def recv_into(self, view: memoryview, deadline: Deadline) -> None:
-        """Fill `view` from the left neighbour, pushing any pending send meanwhile."""
-        got, total = 0, len(view)
-        while got < total:
-            if self._pending:
-                self._push()
-            try:
-                n = self.left.recv_into(view[got:])
-            except (BlockingIOError, InterruptedError):
-                self._wait(True, deadline, f"for data from rank {self.left_rank}")
-                continue
-            except OSError as exc:
-                raise self.ctx.error(self.left_rank, f"receiving from rank {self.left_rank} "
-                                     f"failed: {exc.strerror or exc}") from None
-            if n == 0:
-                raise self.ctx.error(self.left_rank, f"rank {self.left_rank} closed its "
-                                     "connection (process exited or was killed)")
-            got += n
-
-    def finish_send(self, deadline: Deadline) -> None:
-        while self._pending:
-            self._push()
-            if self._pending:
-                self._wait(False, deadline, f"sending to rank {self.right_rank}")
-
-    def close(self) -> None:
-        self._stop.set()
+    def _shutdown(self) -> None:
         for s in (self.right, self.left):
             with contextlib.suppress(OSError):
                 s.shutdown(socket.SHUT_RDWR)
+
+    def check(self) -> None:
+        """Raise CommError if the watchdog saw a peer die, go quiet, or the deadline pass."""
+        if self._failure is not None:
+            raise self.ctx.error(self._failed_peer, self._failure, timeout=self._timed_out)
+
+    # -- data path (caller's thread) ---------------------------------------------------------
+    def send(self, data: memoryview, deadline: Deadline) -> None:
+        self._deadline = deadline
+        try:
+            self.right.sendall(data)
+        except OSError as exc:
+            self.check()
+            raise self.ctx.error(self.right_rank, f"sending to rank {self.right_rank} "
+                                 f"failed: {exc.strerror or exc}") from None
+        finally:
+            self._deadline = None
+
+    def recv_into(self, view: memoryview, deadline: Deadline) -> None:
+        """Fill `view` from the left neighbour."""
+        self._deadline = deadline
+        got, total = 0, len(view)
+        try:
+            while got < total:
+                try:
+                    n = self.left.recv_into(view[got:], total - got, socket.MSG_WAITALL)
+                except InterruptedError:
+                    continue
+                except OSError as exc:
+                    self.check()
+                    cause = exc.strerror or exc
+                    raise self.ctx.error(self.left_rank, f"receiving from rank "
+                                         f"{self.left_rank} failed: {cause}") from None
+                if n == 0:
+                    self.check()
+                    raise self.ctx.error(self.left_rank, f"rank {self.left_rank} closed its "
+                                         "connection (process exited or was killed)")
+                got += n
+        finally:
+            self._deadline = None
+
+    def close(self) -> None:
+        self._stop.set()
+        self._shutdown()
+        for s in (self.right, self.left):
             s.close()
         if self._hb is not threading.current_thread():
             self._hb.join(timeout=5)
