@@ -33,7 +33,9 @@ HERE = Path(__file__).resolve().parent
 TORCH_VENV = HERE / ".venv-torch"
 SHAPES = {"A": (1024, 256), "B": (4096, 64)}  # hidden, batch
 STEPS = {"A": (3, 12), "B": (2, 5)}            # warm-up, timed
-CONTENDERS = ("numpy", "ringflow", "torch", "torch-fused")
+# ringflow-1upd: ringflow with its optimizer update on one thread (RINGFLOW_NUM_THREADS=1),
+# to show what the update thread pool adds; the same as ringflow at 1 thread, so run at 2.
+CONTENDERS = ("numpy", "ringflow", "ringflow-1upd", "torch", "torch-fused")
 QUIET = 0.15  # a run is quiet when other processes used < 15 % of the machine's CPUs
 LR, BETAS, EPS, DIN, NLAYERS, NCLS = 1e-3, (0.9, 0.999), 1e-8, 1024, 4, 10
 
@@ -184,6 +186,8 @@ def run_worker(args) -> None:
     else:
         import numpy as np
 
+        if args.worker == "ringflow-1upd":
+            os.environ["RINGFLOW_NUM_THREADS"] = "1"
         cls = NumpyStep if args.worker == "numpy" else RingflowStep
         step = cls(np, hidden, batch).step
         x, y = make_batch(np, batch)
@@ -194,7 +198,7 @@ def run_worker(args) -> None:
         if k >= warmup:
             times.append(time.perf_counter() - t0)
     rec["step_ms"] = [1e3 * t for t in times]
-    if args.worker == "ringflow":
+    if args.worker.startswith("ringflow"):
         rec.update(profile_ringflow(hidden, batch, warmup, steps))
     print(json.dumps(rec), flush=True)
 
@@ -254,6 +258,7 @@ def wait_quiet(budget: float, threshold: float = 0.10) -> float:
 
 def run_one(python: str, contender: str, shape: str, threads: int, timeout: float) -> dict:
     env = dict(os.environ)
+    env.pop("RINGFLOW_NUM_THREADS", None)  # ringflow's update threads follow OMP_NUM_THREADS
     for k in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         env[k] = str(threads)
     cmd = [python, str(Path(__file__).resolve()), "--worker", contender, "--shape", shape,
@@ -299,7 +304,7 @@ def main() -> None:
     torch_py = ensure_torch_python(args.torch_python) if any(
         c.startswith("torch") for c in contenders) else None
     cases = [(c, s, int(t)) for c in contenders for s in args.shapes.split(",")
-             for t in args.thread_counts.split(",")]
+             for t in args.thread_counts.split(",") if not (c == "ringflow-1upd" and t == "1")]
     records, load = [], [Path("/proc/loadavg").read_text().split()[:3]]
     prev_child = os.times().children_user + os.times().children_system
     for r in range(args.rounds):
@@ -379,10 +384,11 @@ def render(records: list[dict], meta: dict) -> str:
                 lines.append(f"| {shape}: h={hidden}, B={batch} | {c} | {' | '.join(cells)} "
                              f"| {' '.join(quiet)} | {' '.join(load)} |")
     lines += ["", "ringflow executor, `Executor(profile=True)` (medians over runs):", "",
-              "| shape | threads | step ms (profiled) | kernels ms | overhead ms | "
-              "largest kernels (ms per step) |", "|---|---:|---:|---:|---:|---|"]
-    for (shape, c, t), recs in sorted(groups.items()):
-        if c != "ringflow":
+              "| shape | threads | contender | step ms (profiled) | kernels ms | overhead ms | "
+              "largest kernels (ms per step) |", "|---|---:|---|---:|---:|---:|---|"]
+    for (shape, c, t), recs in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][2],
+                                                                       kv[0][1])):
+        if not c.startswith("ringflow"):
             continue
         med = {k: statistics.median(r[k] for r in recs)
                for k in ("prof_wall_ms", "kernel_ms", "overhead_ms")}
@@ -391,8 +397,8 @@ def render(records: list[dict], meta: dict) -> str:
             for k, v in r["by_type_ms"].items():
                 by_type.setdefault(k, []).append(v)
         top = sorted(((statistics.median(v), k) for k, v in by_type.items()), reverse=True)
-        lines.append(f"| {shape} | {t} | {med['prof_wall_ms']:.1f} | {med['kernel_ms']:.1f} | "
-                     f"{med['overhead_ms']:.2f} | "
+        lines.append(f"| {shape} | {t} | {c} | {med['prof_wall_ms']:.1f} | "
+                     f"{med['kernel_ms']:.1f} | {med['overhead_ms']:.2f} | "
                      + ", ".join(f"{k} {v:.1f}" for v, k in top[:5]) + " |")
     return "\n".join(lines) + "\n"
 
