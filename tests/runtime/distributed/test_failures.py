@@ -70,6 +70,24 @@ def test_a_rank_raising_mid_all_reduce_fails_the_others(spawn):
     assert_nothing_left(job)
 
 
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_a_rank_that_skips_the_collective_times_the_others_out(spawn, transport):
+    env = {"RINGFLOW_COMM_TIMEOUT": "2", "RINGFLOW_HEARTBEAT_TIMEOUT": "60"}
+    if transport == "tcp":
+        env["RINGFLOW_TRANSPORT"] = "tcp"
+    job = spawn("loop.py", 2, args=["skip-on-1"], env=env)
+    wait_ready(job, 2)
+    start = time.monotonic()
+    job.procs[0].wait(timeout=30)
+    elapsed = time.monotonic() - start
+    job.kill()
+    assert job.procs[0].returncode == 17, job.output()
+    assert elapsed < 10, elapsed
+    line = next(x for x in job.log(0).splitlines() if x.startswith("CommError"))
+    assert "RINGFLOW_COMM_TIMEOUT" in line and "rank 1" in line and "all_reduce" in line, line
+    assert_nothing_left(job)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
 def test_a_stopped_rank_is_detected_by_heartbeat(spawn, transport):

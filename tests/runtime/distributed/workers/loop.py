@@ -1,6 +1,7 @@
 """Worker: all-reduce a 2 MiB buffer in a loop until something fails. Writes ready.<rank>
-after a few rounds; on CommError prints it on one line and exits 17. With `raise-on-1`,
-rank 1 raises ValueError once everyone is ready."""
+after a few rounds; on CommError prints it on one line and exits 17. Once everyone is ready,
+with `raise-on-1` rank 1 raises ValueError, with `skip-on-1` rank 1 stops calling collectives
+(sleeps, alive and heartbeating)."""
 
 from __future__ import annotations
 
@@ -31,8 +32,10 @@ def main() -> None:
             i += 1
             if i == 3:
                 Path(f"ready.{rank}").touch()
-            if mode == "raise-on-1" and rank == 1 and i > 3 and all(
+            if mode != "loop" and rank == 1 and i > 3 and all(
                     Path(f"ready.{r}").exists() for r in range(n)):
+                if mode == "skip-on-1":
+                    time.sleep(600)
                 raise ValueError("rank 1 gives up on purpose")
     except CommError as exc:
         print(f"CommError at {time.time():.3f}: {exc}", flush=True)

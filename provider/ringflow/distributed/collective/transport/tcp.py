@@ -83,8 +83,8 @@ class TcpLink:
             deadline = self._deadline
             if deadline is not None and deadline.expired():
                 return self._fail(self.left_rank, f"no progress for {deadline.seconds:g} s "
-                                  f"(RINGFLOW_COMM_TIMEOUT) exchanging data with ranks "
-                                  f"{self.left_rank} and {self.right_rank}", timeout=True)
+                                  f"(RINGFLOW_COMM_TIMEOUT) waiting for rank {self.left_rank} "
+                                  f"(or sending to rank {self.right_rank})", timeout=True)
         return None
 
     def _fail(self, peer: int | None, cause: str, timeout: bool = False) -> None:
