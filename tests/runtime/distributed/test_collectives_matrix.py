@@ -133,6 +133,6 @@ def test_non_contiguous_async_group_and_ring_interfaces(results, world, transpor
         if world > 1:
             np.testing.assert_array_equal(res["recv"],
                                           np.arange(9) + 100 * ((rank - 1) % world))
-        want = "shm" if transport == "shm" and world > 1 else "tcp"
+        want = {"shm": "shm", "tcp": "tcp", "two-hosts": "tcp+shm"}[transport]
         if world > 1:
             assert res["transport"].tolist() == [want]

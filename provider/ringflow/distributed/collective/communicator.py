@@ -68,6 +68,7 @@ class Communicator:
         ips = [resolve(e) for e in eps]
         self.order = ring_order(eps, ips)
         self.pos = self.order.index(rank)
+        self._ips = ips
         self.transport = "shm" if (settings.transport != "tcp" and len(set(ips)) == 1) else "tcp"
         if nranks > 1:
             self._guarded("init", self._connect)
@@ -78,12 +79,43 @@ class Communicator:
         right, left = self.order[(pos + 1) % n], self.order[(pos - 1) % n]
         deadline = Deadline(self.settings.rendezvous_timeout)
         listener = rendezvous.listener_for(self.endpoints[self.rank], self._token, self.rank)
-        rsock, _ = rendezvous.connect(self.endpoints[right], self._token, rendezvous.KIND_RING,
-                                      self.ring_id, self.rank, right, deadline, self.ctx)
-        lsock, _ = listener.accept(self.ring_id, rendezvous.KIND_RING, left, deadline, self.ctx)
+        rsock, rpid = rendezvous.connect(self.endpoints[right], self._token,
+                                         rendezvous.KIND_RING, self.ring_id, self.rank, right,
+                                         deadline, self.ctx)
+        lsock, lpid = listener.accept(self.ring_id, rendezvous.KIND_RING, left, deadline,
+                                      self.ctx)
         self._link = TcpLink(rsock, lsock, right, left, self.ctx, self.settings.heartbeat_timeout)
         if self.transport == "shm":
             self._map_segments()
+        elif self.settings.transport != "tcp":
+            self._map_channels(right, rpid, left, lpid)
+
+    def _map_channels(self, right: int, rpid: int, left: int, lpid: int) -> None:
+        """Shared-memory hops between neighbours of one host in a ring that spans hosts."""
+        here = self._ips[self.rank]
+        to_right, from_left = self._ips[right] == here, self._ips[left] == here
+        name = [shm.channel_name(self._job_id, self.ring_id, p) for p in range(self.nranks)]
+        own = shm.create_segment(name[self.pos], SLOT_BYTES) if from_left else None
+        try:
+            self._tcp_barrier()  # every channel exists
+            peer_seg = shm.open_segment(name[(self.pos + 1) % self.nranks], SLOT_BYTES) \
+                if to_right else None
+            self._tcp_barrier()  # every channel is mapped by both ends
+        finally:
+            shm.unlink(name[self.pos])
+        link = self._link
+        if peer_seg is not None:
+            watch = shm.PeerWatch({right: rpid}, self.ctx, self.settings.heartbeat_timeout)
+            link.send_channel = shm.Channel(peer_seg, right, self.ctx,
+                                            lambda: (link.check(), watch.check()))
+            self._segments.append(peer_seg)
+        if own is not None:
+            watch_l = shm.PeerWatch({left: lpid}, self.ctx, self.settings.heartbeat_timeout)
+            link.recv_channel = shm.Channel(own, left, self.ctx,
+                                            lambda: (link.check(), watch_l.check()))
+            self._segments.append(own)
+        if to_right or from_left:
+            self.transport = "tcp+shm"
 
     def _map_segments(self) -> None:
         names = [shm.segment_name(self._job_id, self.ring_id, p) for p in range(self.nranks)]

@@ -1,7 +1,9 @@
 """Shared-memory transport for the ranks of one host: one segment per rank,
 /dev/shm/ringflow-<job id>-ring<ring>-p<position>, holding a header of counters and two data
-slots. Segments are unlinked as soon as every peer has mapped them, so a crash leaks nothing
-after setup; an atexit hook unlinks any this process created and still holds a name for.
+slots (the intra-host algorithm), or, for a ring hop between two ranks of one host inside a
+ring that spans hosts, a `Channel` segment ...-ch<position> owned by the receiving rank.
+Segments are unlinked as soon as every peer has mapped them, so a crash leaks nothing after
+setup; an atexit hook unlinks any this process created and still holds a name for.
 
 Synchronisation is by monotonically increasing sequence counters in each header (one writer
 each). x86 keeps stores in program order (TSO), so data written before a counter store are
@@ -18,7 +20,7 @@ import time
 
 import numpy as np
 
-from ringflow.distributed.collective.transport.base import OpContext, process_state
+from ringflow.distributed.collective.transport.base import OpContext, process_state, spin_wait
 
 SHM_DIR = "/dev/shm"
 HEADER = 4096
@@ -44,6 +46,10 @@ def unlink(name: str) -> None:
 
 def segment_name(job_id: str, ring_id: int, pos: int) -> str:
     return f"ringflow-{job_id}-ring{ring_id}-p{pos}"
+
+
+def channel_name(job_id: str, ring_id: int, pos: int) -> str:
+    return f"ringflow-{job_id}-ring{ring_id}-ch{pos}"
 
 
 class Segment:
@@ -121,3 +127,49 @@ class PeerWatch:
                                          f"{now - since:.0f} s (RINGFLOW_HEARTBEAT_TIMEOUT)")
             else:
                 self._stopped_since.pop(rank, None)
+
+
+class Channel:
+    """A one-way byte stream between two ranks of one host (a ring hop): a ring buffer in the
+    receiver's segment, `written` advanced by the sender and `read` by the receiver.
+    Header words: 0 = bytes written, 1 = pid of the receiver, 2 = bytes read."""
+
+    WRITTEN, READ = 0, 2
+
+    def __init__(self, seg: Segment, peer: int, ctx: OpContext, check) -> None:
+        self.seg, self.peer, self.ctx, self.check = seg, peer, ctx, check
+        self.buf = seg.data  # both slots as one ring buffer
+        self.cap = len(self.buf)
+        self.count = 0  # this side's position (written or read)
+
+    def send(self, data: memoryview, deadline) -> None:
+        src = np.frombuffer(data, dtype=np.uint8) if len(data) else None
+        done, words = 0, self.seg.words
+        while done < len(data):
+            free = self.cap - (self.count - words[self.READ])
+            if free == 0:
+                spin_wait(lambda: words[self.READ] > self.count - self.cap, deadline, self.check,
+                          lambda: f"rank {self.peer} to read", self.ctx, lambda: self.peer)
+                continue
+            at = self.count % self.cap
+            k = min(free, len(data) - done, self.cap - at)
+            self.buf[at:at + k] = src[done:done + k]
+            done += k
+            self.count += k
+            words[self.WRITTEN] = self.count
+
+    def recv_into(self, view: memoryview, deadline) -> None:
+        dst = np.frombuffer(view, dtype=np.uint8) if len(view) else None
+        done, words = 0, self.seg.words
+        while done < len(view):
+            avail = words[self.WRITTEN] - self.count
+            if avail == 0:
+                spin_wait(lambda: words[self.WRITTEN] > self.count, deadline, self.check,
+                          lambda: f"data from rank {self.peer}", self.ctx, lambda: self.peer)
+                continue
+            at = self.count % self.cap
+            k = min(avail, len(view) - done, self.cap - at)
+            dst[done:done + k] = self.buf[at:at + k]
+            done += k
+            self.count += k
+            words[self.READ] = self.count

@@ -40,6 +40,10 @@ class TcpLink:
         self._failed_peer: int | None = None
         self._timed_out = False
         self._deadline: Deadline | None = None  # of the send/recv in progress, if any
+        # a hop to a rank of this host goes through shared memory (transport.shm.Channel);
+        # the socket then only carries heartbeats
+        self.send_channel = None
+        self.recv_channel = None
         self._stop = threading.Event()
         self._hb_timeout = heartbeat_timeout
         for s in (right, left):
@@ -104,6 +108,9 @@ class TcpLink:
 
     # -- data path (caller's thread) ---------------------------------------------------------
     def send(self, data: memoryview, deadline: Deadline) -> None:
+        if self.send_channel is not None:
+            self.send_channel.send(data, deadline)
+            return
         self._deadline = deadline
         try:
             self.right.sendall(data)
@@ -116,6 +123,9 @@ class TcpLink:
 
     def recv_into(self, view: memoryview, deadline: Deadline) -> None:
         """Fill `view` from the left neighbour."""
+        if self.recv_channel is not None:
+            self.recv_channel.recv_into(view, deadline)
+            return
         self._deadline = deadline
         got, total = 0, len(view)
         try:
