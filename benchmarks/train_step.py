@@ -294,6 +294,8 @@ def main() -> None:
     ap.add_argument("--thread-counts", default="1,2")
     ap.add_argument("--contenders", default=",".join(CONTENDERS))
     ap.add_argument("--torch-python", default=None)
+    ap.add_argument("--also", action="append", default=[],
+                    help="records (.jsonl) of an earlier run of this script to pool in")
     ap.add_argument("--wait-quiet", type=float, default=30.0,
                     help="seconds to wait for a lull before each run (0: don't)")
     ap.add_argument("--out", default=str(HERE / "results" / "train_step.md"))
@@ -323,8 +325,13 @@ def main() -> None:
             print(f"round {r} {c:12s} {s} t{t}: {statistics.median(rec['step_ms']):8.1f} ms"
                   f"  foreign load {rec['foreign']:.2f}", flush=True)
         load.append(Path("/proc/loadavg").read_text().split()[:3])
+    rounds = args.rounds
+    for extra in args.also:
+        earlier = [json.loads(line) for line in Path(extra).read_text().splitlines() if line]
+        rounds += len({r["round"] for r in earlier})
+        records = earlier + records
     meta = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            "machine": machine_description(), "loadavg": load, "rounds": args.rounds}
+            "machine": machine_description(), "loadavg": load, "rounds": rounds}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
