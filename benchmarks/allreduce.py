@@ -153,6 +153,30 @@ def markdown(summary: dict, n: int, sizes: list[int]) -> str:
     return "\n".join(lines)
 
 
+GOALS = [  # (what, numerator, denominator, size, goal) on busbw; 4 KiB is a time goal
+    ("shm 64 MiB vs Open MPI shm", "ringflow-shm", "mpi", 64 * MiB, 1.5),
+    ("shm 64 MiB vs gloo", "ringflow-shm", "gloo", 64 * MiB, 2.0),
+    ("shm 1 MiB vs Open MPI shm", "ringflow-shm", "mpi", MiB, 0.6),
+    ("TCP 64 MiB vs Open MPI TCP", "ringflow-tcp", "mpi-tcp", 64 * MiB, 1.5),
+    ("TCP 64 MiB vs raw two-way socket stream", "ringflow-tcp", "tcpstream", 64 * MiB, 0.7),
+]
+
+
+def goals(summary: dict) -> str:
+    lines = ["| goal (n=2, busbw ratio) | measured | goal | met |", "|---|---:|---:|:---:|"]
+    for what, num, den, size, goal in GOALS:
+        a, b = summary.get((num, size)), summary.get((den, size))
+        if a and b:
+            ratio = a["busbw"] / b["busbw"]
+            met = "yes" if ratio >= goal else "no"
+            lines.append(f"| {what} | {ratio:.2f}x | >= {goal}x | {met} |")
+    small = summary.get(("ringflow-shm", 4 * KiB))
+    if small:
+        met = "yes" if small["time_us"] <= 25 else "no"
+        lines.append(f"| shm 4 KiB time | {small['time_us']:.1f} us | <= 25 us | {met} |")
+    return "\n".join(lines)
+
+
 def plot(summary: dict, n: int, sizes: list[int], path: Path) -> bool:
     script = (
         "import json, sys\nimport matplotlib\nmatplotlib.use('Agg')\n"
@@ -182,7 +206,15 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--sizes", default=",".join(map(str, SIZES)))
     ap.add_argument("--backends", default=",".join(ORDER), help="comma-separated subset")
+    ap.add_argument("--report", type=Path, help="only summarize this results .jsonl file")
     args = ap.parse_args()
+    if args.report:
+        records = [json.loads(x) for x in args.report.read_text().splitlines() if x.strip()]
+        summary, n = summarize(records), records[0]["n"]
+        sizes = sorted({r["size"] for r in records})
+        plot(summary, n, sizes, HERE / f"allreduce-n{n}.png")
+        print(markdown(summary, n, sizes) + "\n\n" + goals(summary))
+        return
     sizes = [int(s) for s in args.sizes.split(",")]
     backends = set(args.backends.split(","))
     if backends & {"gloo", "mpi", "mpi-tcp"} and not ensure_bench_venv():
@@ -209,7 +241,7 @@ def main() -> None:
     plot(summary, args.nprocs, sizes, png)
     print(f"\nloadavg before {' '.join(load_before)}, after {' '.join(load_after)}; "
           f"{args.rounds} interleaved rounds; median over rounds\n")
-    print(table)
+    print(table + "\n\n" + goals(summary))
 
 
 if __name__ == "__main__":
