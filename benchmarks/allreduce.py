@@ -186,7 +186,8 @@ def plot(summary: dict, n: int, sizes: list[int], path: Path) -> bool:
         "for name, pts in data.items():\n"
         "    style = ':' if name in ('memcpy', 'tcpstream') else '-'\n"
         "    ax.plot([p[0] for p in pts], [p[1] for p in pts], style, marker='o', label=name)\n"
-        "ax.set_xscale('log', base=2); ax.set_xlabel('bytes per rank'); ax.grid(alpha=.3)\n"
+        "ax.set_xscale('log', base=2); ax.set_yscale('log'); ax.set_xlabel('bytes per rank')\n"
+        "ax.grid(alpha=.3, which='both')\n"
         "ax.set_ylabel('busbw GB/s (median)'); ax.legend(fontsize=8)\n"
         "ax.set_title(f'float32 SUM all-reduce, {n} ranks, 2-core VM')\n"
         "fig.tight_layout(); fig.savefig(path, dpi=110)\n")

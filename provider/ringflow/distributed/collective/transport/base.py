@@ -15,7 +15,7 @@ from ringflow.errors import CommError, CommTimeoutError
 # and after _YIELD_POLLS more it sleeps with a growing nap, so oversubscribed ranks progress.
 _SPIN_POLLS = 2000
 _YIELD_POLLS = 200
-_MAX_NAP = 0.002
+_MAX_NAP = 0.0005
 # Liveness checks cost syscalls; do them only this often while waiting.
 _CHECK_EVERY = 0.05
 
