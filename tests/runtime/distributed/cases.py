@@ -66,3 +66,14 @@ def reference(case: Case, nranks: int) -> tuple[np.ndarray, np.ndarray]:
     if case.dtype.startswith("int"):
         expected = expected.astype(case.dtype)  # wraps exactly like the workers' int arithmetic
     return expected, scale
+
+
+# reduce_scatter: (result key, dtype, block shape, op); blocks larger than a segment included
+RS_CASES = [("rs_f32_sum", "float32", (1003,), "SUM"), ("rs_f16_avg", "float16", (7,), "AVG"),
+            ("rs_i64_empty", "int64", (0,), "SUM"), ("rs_f64_max_2d", "float64", (3, 5), "MAX")]
+
+
+def rs_input(key: str, dtype: str, shape: tuple, rank: int, block: int) -> np.ndarray:
+    """Rank `rank`'s contribution to block `block` (small integers: exact in every dtype)."""
+    rng = np.random.default_rng([len(key), rank, block])
+    return rng.integers(-50, 50, size=shape).astype(dtype)

@@ -10,7 +10,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.runtime.distributed.cases import TOLERANCE, all_reduce_cases, reference
+from tests.runtime.distributed.cases import (
+    RS_CASES,
+    TOLERANCE,
+    all_reduce_cases,
+    reference,
+    rs_input,
+)
 
 # small segments and slots so 6001 elements take many pipelined rounds, and counts above
 # 1 KiB take the distributed (reduce-scatter) shared-memory path
@@ -114,6 +120,17 @@ def test_reduce_scatter_gives_each_rank_its_reduced_part(results, world, transpo
     for rank, res in enumerate(results(world, transport)):
         want = sum(10.0 * r + rank for r in range(world))
         np.testing.assert_array_equal(res["reduce_scatter"], np.full(5, want))
+
+
+@params
+def test_reduce_scatter_of_large_half_precision_empty_and_2d_blocks(results, world, transport):
+    for rank, res in enumerate(results(world, transport)):
+        for key, dtype, shape, op in RS_CASES:
+            parts = np.stack([rs_input(key, dtype, shape, r, rank).astype(np.float64)
+                              for r in range(world)])
+            want = {"SUM": parts.sum(0), "AVG": parts.mean(0), "MAX": parts.max(0)}[op]
+            assert res[key].dtype == np.dtype(dtype) and res[key].shape == shape, key
+            np.testing.assert_allclose(res[key].astype(np.float64), want, rtol=1e-3, err_msg=key)
 
 
 @params

@@ -227,14 +227,36 @@ class Communicator:
 
     def reduce_scatter(self, out: np.ndarray, inputs: Sequence[np.ndarray],
                        op: int = ReduceOp.SUM) -> np.ndarray:
-        """out = the reduction of every rank's inputs[rank]."""
-        if len(inputs) != self.nranks:
+        """out = the reduction over ranks of each rank's inputs[my rank]; each rank moves only
+        the reduce-scatter half of an all-reduce."""
+        if len(inputs) != self.nranks or any(np.shape(a) != out.shape for a in inputs):
             raise ExecutionError(f"reduce_scatter on ring {self.ring_id}: expected "
-                                 f"{self.nranks} input arrays, got {len(inputs)}")
-        stacked = np.stack([np.asarray(a) for a in inputs])
-        self.all_reduce(stacked, op)
-        out[...] = stacked[self.rank]
+                                 f"{self.nranks} input arrays of shape {out.shape}, got "
+                                 f"{[np.shape(a) for a in inputs]}")
+        ufunc = ufunc_for(op, out.dtype)
+        wide = np.float32 if out.dtype == np.float16 else out.dtype
+        # chunk c of the working buffer is the block that the rank finishing chunk c wants
+        owner = [self.order[(c - self._rs_shift()) % self.nranks] for c in range(self.nranks)]
+        work = np.stack([np.asarray(inputs[r], dtype=wide).reshape(-1) for r in owner])
+        if self.nranks > 1 and out.size:
+            self._guarded("reduce_scatter", self._reduce_scatter, work.reshape(-1), ufunc)
+        mine = work[owner.index(self.rank)]
+        if op == ReduceOp.AVG:
+            np.true_divide(mine, self.nranks, out=mine)
+        out[...] = mine.reshape(out.shape)
         return out
+
+    def _rs_shift(self) -> int:
+        # the ring leaves chunk pos+1 at position pos; the shared-memory rounds leave chunk pos
+        return 0 if self._local is not None or self.nranks == 1 else 1
+
+    def _reduce_scatter(self, flat: np.ndarray, ufunc) -> None:
+        if self._local is not None:
+            self._local.reduce_scatter(flat, ufunc, self._deadline())
+            return
+        plan = ring.ring_plan(flat.size, self.nranks, flat.itemsize, SEGMENT_BYTES)
+        ring.ring_reduce_scatter(flat, ufunc, self._link, self.pos, self.nranks, plan,
+                                 self._deadline())
 
     def barrier(self) -> None:
         if self.nranks > 1:

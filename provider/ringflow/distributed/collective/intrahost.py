@@ -131,7 +131,7 @@ class IntraHost:
         self._end_round(slot)
 
     def _all_reduce_round(self, buf: np.ndarray, ufunc: Ufunc, plan: RingPlan, k: int,
-                          sig: int) -> None:
+                          sig: int, gather: bool = True) -> None:
         slot, sig = self._begin_round(sig)
         dt, cap = buf.dtype, plan.segment_elems * buf.itemsize
         for c in self.peers:  # stage the segments the other positions reduce
@@ -144,13 +144,22 @@ class IntraHost:
         mine = buf[a:b]
         for p in self.peers:
             ufunc(mine, self._slot_view(p, slot, dt, self.pos * cap, b - a), out=mine)
-        self._slot_view(self.pos, slot, dt, self.pos * cap, b - a)[...] = mine
-        self._post()
-        self._wait_all(self.seq)
-        for p in self.peers:
-            a, b = plan.segment(p, k)
-            buf[a:b] = self._slot_view(p, slot, dt, p * cap, b - a)
+        if gather:
+            self._slot_view(self.pos, slot, dt, self.pos * cap, b - a)[...] = mine
+            self._post()
+            self._wait_all(self.seq)
+            for p in self.peers:
+                a, b = plan.segment(p, k)
+                buf[a:b] = self._slot_view(p, slot, dt, p * cap, b - a)
         self._end_round(slot)
+
+    def reduce_scatter(self, buf: np.ndarray, ufunc: Ufunc, deadline: Deadline) -> None:
+        """Afterwards chunk `pos` of `buf` (n equal chunks) holds the reduction."""
+        self._deadline = deadline
+        sig = self._signature("reduce_scatter", buf, ufunc)
+        plan = ring_plan(buf.size, self.n, buf.itemsize, self.slot_bytes // self.n)
+        for k in range(plan.nsegments):
+            self._all_reduce_round(buf, ufunc, plan, k, sig, gather=False)
 
     def all_gather(self, buf: np.ndarray, out: np.ndarray, deadline: Deadline) -> None:
         """out[p] = position p's `buf`, for every position (out has shape (n, buf.size))."""

@@ -74,6 +74,18 @@ def ring_all_reduce(buf: np.ndarray, ufunc: Ufunc, link: TcpLink, pos: int, n: i
                     plan: RingPlan, deadline: Deadline) -> None:
     """In-place all-reduce of the 1-D contiguous `buf` around the ring: per step, send one
     segment and receive one, so the next segment arrives while this one is reduced."""
+    ring_reduce_scatter(buf, ufunc, link, pos, n, plan, deadline)
+    for send_c, recv_c in all_gather_steps(pos, n):
+        for k in range(plan.nsegments):
+            s0, s1 = plan.segment(send_c, k)
+            r0, r1 = plan.segment(recv_c, k)
+            link.send(byte_view(buf[s0:s1]), deadline)
+            link.recv_into(byte_view(buf[r0:r1]), deadline)
+
+
+def ring_reduce_scatter(buf: np.ndarray, ufunc: Ufunc, link: TcpLink, pos: int, n: int,
+                        plan: RingPlan, deadline: Deadline) -> None:
+    """Afterwards chunk (pos + 1) % n of `buf` holds the reduction over all positions."""
     scratch = np.empty(plan.segment_elems, dtype=buf.dtype)
     for send_c, recv_c in reduce_scatter_steps(pos, n):
         for k in range(plan.nsegments):
@@ -84,12 +96,6 @@ def ring_all_reduce(buf: np.ndarray, ufunc: Ufunc, link: TcpLink, pos: int, n: i
             link.recv_into(byte_view(tmp), deadline)
             # the left partial sum comes first: fixed order, so replicas agree bit for bit
             ufunc(tmp, buf[r0:r1], out=buf[r0:r1])
-    for send_c, recv_c in all_gather_steps(pos, n):
-        for k in range(plan.nsegments):
-            s0, s1 = plan.segment(send_c, k)
-            r0, r1 = plan.segment(recv_c, k)
-            link.send(byte_view(buf[s0:s1]), deadline)
-            link.recv_into(byte_view(buf[r0:r1]), deadline)
 
 
 def ring_all_gather(rows: np.ndarray, link: TcpLink, pos: int, n: int,

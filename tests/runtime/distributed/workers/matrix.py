@@ -9,7 +9,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[4]))  # the repository root
 
 import numpy as np
-from tests.runtime.distributed.cases import all_reduce_cases, make_input
+from tests.runtime.distributed.cases import RS_CASES, all_reduce_cases, make_input, rs_input
 
 import ringflow.distributed as dist
 
@@ -41,6 +41,11 @@ def run_others(out: dict) -> None:
     target = np.empty(5, dtype=np.float64)
     dist.reduce_scatter(target, [np.full(5, 10.0 * rank + j) for j in range(n)])
     out["reduce_scatter"] = target
+    for key, dtype, shape, op in RS_CASES:
+        blocks = [rs_input(key, dtype, shape, rank, j) for j in range(n)]
+        target = np.empty(shape, dtype=dtype)
+        dist.reduce_scatter(target, blocks, op=getattr(dist.ReduceOp, op))
+        out[key] = target
     grid = np.arange(12, dtype=np.float32).reshape(3, 4)[:, ::2] * (rank + 1)  # non-contiguous
     dist.all_reduce(grid)
     out["strided"] = grid
