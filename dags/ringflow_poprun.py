@@ -1,16 +1,19 @@
-"""Example: launch a Graphcore PopRun job over SSH with PopRunOperator.
+"""Launch a Graphcore PopRun job over SSH with ringflow's `PopRunOperator`.
 
-Connection to create (type ``ssh``), id ``ssh_default`` or whatever ``ssh_conn_id`` says: login
-and a private key (extra ``key_file`` or ``private_key``) accepted on every host of the job;
-the port is the connection's; the host field is replaced by each job host. Host keys are
-verified (apache-airflow-providers-ssh 7): put the hosts in the worker's known_hosts, or set the
-``host_key`` extra, or (not recommended) ``no_host_key_check``. For example::
+**Connection to create first**: type `ssh`, id `ssh_default` (or the id you give the
+`ssh_conn_id` param): the login and a private key (extra `key_file` or `private_key`) that
+every host of the job accepts; the connection's port is used, its host is replaced by each job
+host. Host keys are verified (apache-airflow-providers-ssh 7): put the hosts in the worker's
+`known_hosts`, or set the `host_key` extra (or, accepting the risk, `no_host_key_check`):
 
     airflow connections add ssh_default --conn-type ssh --conn-login ubuntu \\
         --conn-extra '{"key_file": "/home/airflow/.ssh/id_ed25519"}'
 
-Every PopRun field is a DAG param, so the trigger form shows them all; ``dry_run`` (default
-True here) only renders, validates and logs the command.
+poprun then starts the instances on the other hosts through mpirun, which needs passwordless
+SSH from the launch host (the first host unless `launch_host` is set) to every host.
+
+Every PopRun field is a param of the trigger form. `dry_run` is on by default: the task only
+renders, validates and logs the command; switch it off to run the job.
 """
 
 from __future__ import annotations
@@ -19,36 +22,63 @@ from airflow.sdk import DAG, Param
 
 from ringflow_provider.operators.poprun import PopRunOperator
 
+JOB, OPTIONS, RUN = "PopRun job", "PopRun options", "How to run"
 
-def _list_param(default: list, description: str) -> Param:
-    return Param(default, type="array", items={"type": "string"}, description=description)
+
+def _list_param(default: list, description: str, section: str = OPTIONS) -> Param:
+    return Param(default, type="array", items={"type": "string"}, description=description,
+                 section=section)
 
 
 PARAMS = {
-    "hosts": Param("localhost", type="string", description="Comma-separated hosts"),
-    "nproc_per_host": Param(2, type="integer", minimum=1, description="Instances per host"),
-    "ipus_per_replica": Param(1, type="integer", minimum=1),
-    "num_ipus": Param(4, type="integer", minimum=1, description="IPUs in total"),
-    "ipu_partition": Param("pod16", type="string", minLength=1),
-    "vipu_server": Param("127.0.0.1", type="string", minLength=1),
-    "training_script": Param("train.py", type="string", minLength=1),
-    "training_script_args": _list_param([], "Arguments of the training script"),
-    "python": Param("python3", type="string", minLength=1, description="Interpreter on hosts"),
-    "popart_log_level": Param(None, type=["null", "string"],
+    "hosts": Param("localhost", type="string", minLength=1, section=JOB,
+                   description="Hosts that run instances, comma-separated (hostnames or IPv4)"),
+    "nproc_per_host": Param(2, type="integer", minimum=1, section=JOB,
+                            description="PopRun instances per host"),
+    "ipus_per_replica": Param(1, type="integer", minimum=1, section=JOB,
+                              description="IPUs per replica (--ipus-per-replica)"),
+    "num_ipus": Param(4, type="integer", minimum=1, section=JOB,
+                      description="IPUs in total; num_ipus / ipus_per_replica replicas, a "
+                                  "multiple of hosts x nproc_per_host"),
+    "ipu_partition": Param("pod16", type="string", minLength=1, section=JOB,
+                           description="V-IPU partition (--vipu-partition)"),
+    "vipu_server": Param("127.0.0.1", type="string", minLength=1, section=JOB,
+                         description="V-IPU server host (--vipu-server-host)"),
+    "training_script": Param("train.py", type="string", minLength=1, section=JOB,
+                             description="Script every instance runs, as a path on the hosts"),
+    "training_script_args": _list_param([], "Arguments of the training script, one per item",
+                                         JOB),
+    "python": Param("python3", type="string", minLength=1, section=JOB,
+                    description="Python interpreter on the hosts"),
+    "popart_log_level": Param(None, type=["null", "string"], section=OPTIONS,
                               enum=[None, "TRACE", "DEBUG", "INFO", "WARN", "ERR", "CRITICAL",
-                                    "OFF"]),
-    "endpoint_port": Param(8090, type="integer", minimum=1, maximum=65535),
-    "update_partition": Param(False, type="boolean"),
-    "vipu_server_timeout": Param(120, type="integer", minimum=1),
-    "print_topology": Param(True, type="boolean"),
-    "numa_aware": Param(True, type="boolean"),
-    "mpi_global_args": _list_param([], "Tokens of --mpi-global-args"),
-    "extra_poprun_args": _list_param([], "Further poprun flags, e.g. --executable-cache-path=DIR"),
+                                    "OFF"],
+                              description="POPART_LOG_LEVEL for every instance; empty: unset"),
+    "endpoint_port": Param(8090, type="integer", minimum=1, maximum=65535, section=OPTIONS,
+                           description="Port of the per-host PADDLE_TRAINER_ENDPOINTS"),
+    "update_partition": Param(False, type="boolean", section=OPTIONS,
+                              description="--update-partition (update it if needed)"),
+    "vipu_server_timeout": Param(120, type="integer", minimum=1, section=OPTIONS,
+                                 description="--vipu-server-timeout, seconds"),
+    "print_topology": Param(True, type="boolean", section=OPTIONS,
+                            description="--print-topology"),
+    "numa_aware": Param(True, type="boolean", section=OPTIONS, description="--numa-aware"),
+    "mpi_global_args": _list_param([], "mpirun options, one token per item "
+                                       "(--mpi-global-args)"),
+    "extra_poprun_args": _list_param([], "Further poprun flags, e.g. "
+                                         "--executable-cache-path=DIR"),
     "extra_env": Param({}, type="object", additionalProperties={"type": "string"},
-                       description="Variables exported to every instance (mpirun -x)"),
-    "poprun": Param("poprun", type="string", minLength=1),
-    "ssh_conn_id": Param("ssh_default", type="string", minLength=1),
-    "dry_run": Param(True, type="boolean", description="Only render, validate and log"),
+                       section=OPTIONS,
+                       description="Variables exported to every instance (mpirun -x NAME=VALUE)."
+                                   " Not for secrets: trigger params are stored and shown"),
+    "poprun": Param("poprun", type="string", minLength=1, section=OPTIONS,
+                    description="The poprun executable on the launch host"),
+    "ssh_conn_id": Param("ssh_default", type="string", minLength=1, section=RUN,
+                         description="Airflow connection of type ssh that reaches every host"),
+    "launch_host": Param(None, type=["null", "string"], section=RUN,
+                         description="Host that runs poprun; empty: the first of hosts"),
+    "dry_run": Param(True, type="boolean", section=RUN,
+                     description="Only render, validate and log the command; no SSH"),
 }
 
 with DAG(
@@ -57,6 +87,7 @@ with DAG(
     schedule=None,
     catchup=False,
     params=PARAMS,
+    doc_md=__doc__,
     tags=["ringflow", "poprun"],
 ) as dag:
     PopRunOperator(
@@ -81,5 +112,6 @@ with DAG(
         extra_env="{{ params.extra_env | tojson }}",
         poprun="{{ params.poprun }}",
         ssh_conn_id="{{ params.ssh_conn_id }}",
+        launch_host="{{ params.launch_host or '' }}",
         dry_run="{{ params.dry_run }}",
     )

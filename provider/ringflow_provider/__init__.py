@@ -23,7 +23,6 @@ def get_provider_info() -> dict:
         "name": "ringflow",
         "description": "Launch and supervise distributed training: Graphcore PopRun over SSH, "
                        "tensor-parallel CPU training.",
-        "versions": [__version__],
         "integrations": [
             {
                 "integration-name": INTEGRATION,

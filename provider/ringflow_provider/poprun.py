@@ -7,6 +7,7 @@ argv quoted token by token, so no field value can add a shell command. No Airflo
 
 from __future__ import annotations
 
+import json
 import shlex
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -14,7 +15,12 @@ from typing import Any
 from pydantic import ValidationError
 
 from ringflow.errors import ConfigError
-from ringflow_provider.models import FIELD_NAMES, PopRunConfig, validate_field
+from ringflow_provider.models import (
+    FIELD_NAMES,
+    SECRET_NAME_PARTS,
+    PopRunConfig,
+    validate_field,
+)
 
 __all__ = [
     "FIELD_NAMES",
@@ -24,6 +30,7 @@ __all__ = [
     "mask_argv",
     "parse_config",
     "render_poprun_command",
+    "secret_env_values",
     "secret_values",
     "validate_field",
 ]
@@ -101,6 +108,23 @@ def secret_values(config: PopRunConfig, extra: Iterable[str | None] = ()) -> lis
     values = [env[name] for name in config.secret_env_names()] + [v for v in extra if v]
     # Longest first, so a secret that contains another is masked whole.
     return sorted({v for v in values if v}, key=len, reverse=True)
+
+
+def secret_env_values(extra_env: Any) -> list[str]:
+    """Secret values of an extra_env that may not be valid yet (a dict or its JSON text), so
+    they can be masked before validation, whose messages quote values."""
+    if isinstance(extra_env, str):
+        try:
+            extra_env = json.loads(extra_env)
+        except json.JSONDecodeError:
+            return []
+    if not isinstance(extra_env, Mapping):
+        return []
+    values = {
+        str(value) for name, value in extra_env.items()
+        if value and any(part in str(name).lower() for part in SECRET_NAME_PARTS)
+    }
+    return sorted(values, key=len, reverse=True)
 
 
 def mask_argv(argv: list[str], secrets: Iterable[str]) -> list[str]:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 PGID_MARKER = "ringflow-pgid="
 PGID_LINE = re.compile(r"^ringflow-pgid=(\d+)$")
+SIGNAL_MARKER = "ringflow: the job was ended by signal "
 TASK_MARK_VAR = "RINGFLOW_POPRUN_TASK"
 DEFAULT_STATE_DIR = '"$HOME"/.ringflow/jobs'  # expanded by the remote shell
 # After SIGTERM an earlier try gets this long (in 0.1 s steps) before SIGKILL.
@@ -97,6 +98,7 @@ def _job_body(job: JobId, argv: list[str], env: Mapping[str, str]) -> str:
     """Runs as the new session's leader: its $$ is the process group id."""
     exports = "".join(f"export {name}={shlex.quote(value)}\n" for name, value in env.items())
     return (
+        "exec 2>&3 3>&-\n"  # stderr back to the channel (see _SIGNALLED)
         f"export {TASK_MARK_VAR}={job.task_key}\n"
         'echo $$ > "$f.tmp" && mv "$f.tmp" "$f"\n'
         f'echo "{PGID_MARKER}$$"\n'
@@ -108,13 +110,28 @@ def _job_body(job: JobId, argv: list[str], env: Mapping[str, str]) -> str:
     )
 
 
+# 128+N is how a shell reports a job ended by signal N (the job's own shell does the same when
+# signal N ends poprun); name the signal in one line of ours. The launching shell's own stderr
+# goes to /dev/null while it waits (fd 3 carries the channel's stderr to the job), so sh's
+# "Terminated"/"Killed" notices do not reach the task log.
+_SIGNALLED = f"""rc=$?
+exec 2>&3 3>&-
+if [ "$rc" -gt 128 ] && [ "$rc" -le 192 ]; then
+  echo "{SIGNAL_MARKER}$(kill -l "$rc" 2>/dev/null || echo $((rc - 128))) (exit status $rc)" >&2
+fi
+{_CLEANUP}exit $rc
+"""
+
+
 def launch_command(job: JobId, argv: list[str], env: Mapping[str, str] | None = None,
                    state_dir: str | None = None) -> str:
     """The command for SSH exec: stop earlier tries, then run argv in its own session.
 
     `setsid -w` gives the job a new session and process group (so one `kill -PGID` reaches
-    every process it starts) and passes its exit status back; stdin is /dev/null so a closed
-    channel cannot hang or kill it through a terminal. The first stdout line is the PGID.
+    every process it starts) and passes its exit status back (128+N if a signal N ended the
+    job); stdin is /dev/null so a closed channel cannot hang or kill it through a terminal.
+    The job is not the launching shell's background job (that would ignore SIGINT), so
+    `setsid` execs it in place and the shell waits for it. The first stdout line is the PGID.
     """
     body = _job_body(job, argv, env or {})
     script = (
@@ -123,7 +140,10 @@ def launch_command(job: JobId, argv: list[str], env: Mapping[str, str] | None = 
         'mkdir -p "$d" || exit 97\n'
         f"printf '%s\\n' {shlex.quote(str(job))} > \"$d/job\"\n"
         f"{_stop_earlier_tries()}"
-        f'export d f\nexec setsid -w sh -c {shlex.quote(body)} < /dev/null\n'
+        "export d f\n"
+        "exec 3>&2 2>/dev/null\n"
+        f"setsid -w sh -c {shlex.quote(body)} < /dev/null\n"
+        f"{_SIGNALLED}"
     )
     return f"sh -c {shlex.quote(script)}"
 

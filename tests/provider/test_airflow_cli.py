@@ -6,7 +6,9 @@ import json
 import os
 import signal
 import subprocess
+from pathlib import Path
 
+import airflow as airflow_pkg
 import pytest
 from airflow.sdk.exceptions import AirflowException
 
@@ -31,6 +33,23 @@ def test_airflow_providers_list_shows_the_provider(airflow_home):
     assert listed["airflow-provider-ringflow"]["description"].startswith("Launch and supervise")
 
 
+def test_provider_info_is_valid_for_airflow_3_3():
+    """What ProvidersManager validates, with Airflow's own schema; no keys it dropped."""
+    from airflow._shared.providers_discovery.providers_discovery import (
+        _create_provider_info_schema_validator,
+    )
+
+    from ringflow_provider import get_provider_info
+
+    info = get_provider_info()
+    _create_provider_info_schema_validator().validate(info)
+    schema = json.loads((Path(airflow_pkg.__file__).parent / "provider_info.schema.json")
+                        .read_text())
+    assert set(info) <= set(schema["properties"])  # e.g. no "versions" (gone since #48849)
+    assert info["package-name"] == "airflow-provider-ringflow"
+    assert info["operators"][0]["python-modules"] == ["ringflow_provider.operators.poprun"]
+
+
 def test_example_dags_import_with_zero_errors():
     from airflow.dag_processing.dagbag import DagBag
 
@@ -38,8 +57,28 @@ def test_example_dags_import_with_zero_errors():
     assert bag.import_errors == {}
     dag = bag.dags["ringflow_poprun"]
     assert [t.task_id for t in dag.tasks] == ["poprun"]
-    # The trigger form shows every PopRun field (and the connection and dry-run switch).
-    assert set(FIELD_NAMES) <= set(dag.params.keys())
+    # The trigger form shows every PopRun field and the run switches, each typed and described.
+    assert set(dag.params.keys()) == {*FIELD_NAMES, "ssh_conn_id", "launch_host", "dry_run"}
+    for name in dag.params:
+        param = dag.params.get_param(name)
+        assert param.schema.get("type") and param.description, name
+    assert dag.params.get_param("extra_env").schema["type"] == "object"
+    assert dag.params.get_param("training_script_args").schema["type"] == "array"
+    assert dag.params["dry_run"] is True
+    assert "Connection to create first**: type `ssh`, id `ssh_default`" in dag.doc_md
+
+
+def test_rendered_fields_stored_by_airflow_mask_secret_env_values():
+    """Airflow stores and shows the rendered fields before execute runs."""
+    from airflow.sdk.execution_time.task_runner import _serialize_rendered_fields
+
+    op = PopRunOperator(task_id="rtif", hosts="n1", nproc_per_host=1, ipus_per_replica=1,
+                        num_ipus=1, ipu_partition="p", vipu_server="s", training_script="t.py",
+                        extra_env="{{ params.env | tojson }}")
+    op.render_template_fields({"params": {"env": {"MY_KEY": "k-rtif-31", "PLAIN": "v-5"}}})
+    stored = json.dumps(_serialize_rendered_fields(op))
+    assert "k-rtif-31" not in stored
+    assert '\\"MY_KEY\\": \\"***\\"' in stored and "v-5" in stored
 
 
 def test_literal_arguments_are_validated_when_the_dag_is_parsed():
@@ -71,15 +110,20 @@ def test_airflow_tasks_test_renders_params_into_a_dry_run(airflow_home):
     out = airflow("tasks", "test", "ringflow_poprun", "poprun", "-t", json.dumps(params))
     log = out.stdout + out.stderr
     assert out.returncode == 0, log[-3000:]
-    assert (
-        "PopRun command on n1: poprun --num-instances=4 --num-replicas=8 --ipus-per-replica=1 "
-        "--host=n1,n2 --vipu-partition=pod16 --vipu-server-host=127.0.0.1 "
-        "--update-partition=no --vipu-server-timeout=120 --print-topology=yes --numa-aware=yes "
-        "'--mpi-local-args=-x POPART_LOG_LEVEL=INFO -x PADDLE_TRAINERS_NUM=4 "
-        "-x PADDLE_TRAINER_ENDPOINTS=n1:8090,n2:8090 -x API_TOKEN=***'"
-    ) in log
-    assert "python3 train.py --lr '0.1 x'" in log
-    assert "dry_run: validated and rendered only; nothing was started" in log
+    assert ("PopRun job: 4 instance(s) (2 per host on 2 hosts: n1,n2), 8 replica(s) of 1 "
+            "IPU(s), partition 'pod16' on V-IPU server '127.0.0.1'") in log
+    assert "\n".join([
+        "PopRun command on n1:", "poprun \\", "    --num-instances=4 \\",
+        "    --num-replicas=8 \\", "    --ipus-per-replica=1 \\", "    --host=n1,n2 \\",
+        "    --vipu-partition=pod16 \\", "    --vipu-server-host=127.0.0.1 \\",
+        "    --update-partition=no \\", "    --vipu-server-timeout=120 \\",
+        "    --print-topology=yes \\", "    --numa-aware=yes \\",
+        "    '--mpi-local-args=-x POPART_LOG_LEVEL=INFO -x PADDLE_TRAINERS_NUM=4 "
+        "-x PADDLE_TRAINER_ENDPOINTS=n1:8090,n2:8090 -x API_TOKEN=***' \\",
+    ]) in log
+    assert "    python3 \\\n    train.py \\\n    --lr \\\n    '0.1 x'" in log
+    assert ("dry_run: validated and rendered only; nothing was started (with dry_run False it "
+            "runs on n1 over SSH connection 'ssh_default')") in log
     assert "tok-dry-7731" not in log
 
 

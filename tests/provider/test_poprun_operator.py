@@ -16,7 +16,7 @@ import uuid
 from types import SimpleNamespace
 
 import pytest
-from airflow.sdk.exceptions import AirflowException, AirflowSkipException
+from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 
 from ringflow_provider.operators.poprun import PopRunOperator
 from ringflow_provider.poprun import FIELD_NAMES, build_poprun_argv, parse_config
@@ -46,7 +46,27 @@ def make_op(sshd, ssh_conn, script, **overrides):
         log_line(stream, line)
 
     op._log_line = recording
+    op._cached_logger = RecordingLog()
     return op, lines
+
+
+class RecordingLog:
+    """Stands in for the operator's logger: keeps (level, message) in order."""
+
+    def __init__(self):
+        self.records: list[tuple[str, str]] = []
+
+    def _add(self, level, msg, *args):
+        self.records.append((level, msg % args if args else msg))
+
+    def info(self, msg, *args):
+        self._add("info", msg, *args)
+
+    def warning(self, msg, *args):
+        self._add("warning", msg, *args)
+
+    def error(self, msg, *args):
+        self._add("error", msg, *args)
 
 
 def context(run_id=None, try_number=1):
@@ -258,3 +278,94 @@ def test_execution_timeout_path_kills_the_remote_group(sshd, ssh_conn):
     assert processes_running(script)
     op.on_kill()
     wait_until(lambda: not processes_running(script), 20, "the remote group to die")
+
+
+def test_operator_defaults_are_the_documented_ones():
+    op = PopRunOperator(task_id="d", hosts="n1,n2", nproc_per_host=1, ipus_per_replica=1,
+                        num_ipus=2, ipu_partition="p", vipu_server="s", training_script="t.py")
+    assert (op.ssh_conn_id, op.launch_host, op.preflight, op.dry_run) == (
+        "ssh_default", None, True, False)
+    assert (op.conn_timeout, op.cmd_timeout, op.retries) == (10, None, 1)
+    assert (op.python, op.endpoint_port, op.update_partition, op.vipu_server_timeout) == (
+        "python3", 8090, False, 120)
+    assert (op.print_topology, op.numa_aware, op.poprun, op.training_script_args) == (
+        True, True, "poprun", [])
+    assert (op.hook.conn_timeout, op.hook.cmd_timeout) == (10, None)
+    assert set(PopRunOperator.template_fields) == {*FIELD_NAMES, "ssh_conn_id", "launch_host",
+                                                   "dry_run"}
+
+
+def test_the_job_runs_in_its_own_session_with_stdin_from_dev_null(sshd, ssh_conn):
+    script = write_script(sshd, """
+        print("ids", os.getpgrp(), os.getsid(0), os.readlink("/proc/self/fd/0"), flush=True)
+        print("to stderr", file=sys.stderr, flush=True)
+    """)
+    op, lines = make_op(sshd, ssh_conn, script)
+    op.execute(context())
+    ids = next(line for _, line in lines if line.startswith("ids ")).split()
+    assert ids[1:] == [str(op._pgid), str(op._pgid), "/dev/null"]
+    records = op._cached_logger.records
+    assert ("info", f"job {op._job} runs as process group {op._pgid}") in records
+    assert ("warning", "to stderr") in records
+    assert ("info", " ".join(ids)) in records
+
+
+def test_the_plan_and_the_command_are_logged_before_the_job_starts(sshd, ssh_conn):
+    script = write_script(sshd, 'print("started", flush=True)\n')
+    op, _ = make_op(sshd, ssh_conn, script, hosts="127.0.0.1,localhost", num_ipus=4,
+                    nproc_per_host=2, extra_env={"DB_PASSWORD": "pw-4471"})
+    op.execute(context())
+    messages = [message for _, message in op._cached_logger.records]
+    plan = messages.index("PopRun job: 4 instance(s) (2 per host on 2 hosts: "
+                          "127.0.0.1,localhost), 4 replica(s) of 1 IPU(s), partition 'pod16' "
+                          "on V-IPU server 'vipu.test'")
+    command = messages[plan + 1]
+    assert command.startswith("PopRun command on 127.0.0.1:\npoprun \\\n    --num-instances=4")
+    assert "-x DB_PASSWORD=***" in command and "pw-4471" not in command
+    assert messages.index("started") > plan + 1
+
+
+def test_launch_host_other_than_the_first_host_runs_poprun(sshd, ssh_conn):
+    script = write_script(sshd, 'print("ran", flush=True)\n')
+    op, lines = make_op(sshd, ssh_conn, script, hosts="127.0.0.1,localhost", num_ipus=2,
+                        launch_host="localhost", preflight=False)
+    result = op.execute(context())
+    assert result["launch_host"] == "localhost"
+    assert list(op.hook._hooks) == ["localhost"]  # the only host SSH was opened to
+    assert ("stdout", "ran") in lines
+
+
+def test_a_job_ended_by_a_signal_reports_128_plus_n_and_the_signal(sshd, ssh_conn):
+    script = write_script(sshd, """
+        print("ending my process group", flush=True)
+        os.killpg(0, signal.SIGTERM)
+        time.sleep(30)
+    """)
+    op, lines = make_op(sshd, ssh_conn, script)
+    with pytest.raises(AirflowException) as info:
+        op.execute(context())
+    assert str(info.value).startswith(
+        "PopRun failed on '127.0.0.1' with exit code 143 (128+15: ended by signal SIGTERM)")
+    assert op._pgid is not None
+    stderr = [line for stream, line in lines if stream == "stderr"]
+    # One line of ours; no "Terminated" from sh, no "did not exit normally" from setsid.
+    assert stderr == ["ringflow: the job was ended by signal TERM (exit status 143)"]
+    assert not (sshd.state_dir / op._job.task_key).exists()  # the launching shell cleaned up
+
+
+def test_invalid_rendered_arguments_fail_without_retry_and_mask_secrets(sshd):
+    op, _ = make_op(sshd, "no_such_connection", "t.py", dry_run=True,
+                    extra_env="{{ params.env }}")
+    op.render_template_fields({"params": {"env": '{"API_TOKEN": "tok 91"}'}})
+    with pytest.raises(AirflowFailException) as info:
+        op.execute(context())
+    assert str(info.value) == (
+        "invalid PopRun configuration: extra_env: API_TOKEN='***': mpirun's -x "
+        "cannot carry whitespace, quotes, backslashes, backticks or control characters")
+    with pytest.raises(AirflowException) as info:
+        make_op(sshd, "c", "t.py", extra_env={"MY_SECRET": "a b"})
+    assert "a b" not in str(info.value) and "MY_SECRET='***'" in str(info.value)
+    op, _ = make_op(sshd, "c", "t.py", dry_run=True, launch_host="{{ params.h }}")
+    op.render_template_fields({"params": {"h": "user@n1"}})
+    with pytest.raises(AirflowFailException, match=r"^launch_host: host 'user@n1' is not a "):
+        op.execute(context())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shlex
+import signal
 import threading
 import time
 from collections.abc import Container, Iterable
@@ -10,7 +11,7 @@ from functools import cached_property
 from typing import Any, ClassVar
 
 from airflow.sdk import BaseOperator
-from airflow.sdk.exceptions import AirflowException, AirflowSkipException
+from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 from airflow.sdk.log import mask_secret
 from pydantic import TypeAdapter
 
@@ -24,6 +25,7 @@ from ringflow_provider.poprun import (
     build_poprun_argv,
     mask_argv,
     parse_config,
+    secret_env_values,
     secret_values,
     validate_field,
 )
@@ -47,6 +49,13 @@ def _templated(value: Any) -> bool:
     if isinstance(value, dict):
         return any(_templated(k) or _templated(v) for k, v in value.items())
     return False
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return str(number)
 
 
 class PopRunOperator(BaseOperator):
@@ -174,7 +183,8 @@ class PopRunOperator(BaseOperator):
             if self.launch_host and not _templated(self.launch_host):
                 check_host(self.launch_host)
         except (RingflowError, ValueError) as exc:
-            raise AirflowException(f"task {self.task_id!r}: {exc}") from None
+            message = self._mask(str(exc), secret_env_values(self.extra_env))
+            raise AirflowException(f"task {self.task_id!r}: {message}") from None
 
     @cached_property
     def hook(self) -> MultiHostSSHHook:
@@ -185,16 +195,29 @@ class PopRunOperator(BaseOperator):
         try:
             return _BOOL.validate_python(value)
         except ValueError:
-            raise AirflowException(f"{name}: expected a boolean, got {value!r}") from None
+            raise AirflowFailException(f"{name}: expected a boolean, got {value!r}") from None
 
     def _config(self) -> PopRunConfig:
+        """The rendered arguments, validated; a bad value fails the task without retries."""
         try:
             config = parse_config({name: getattr(self, name) for name in FIELD_NAMES})
             if self.launch_host:
-                check_host(self.launch_host.strip())
+                try:
+                    check_host(self.launch_host.strip())
+                except ValueError as exc:
+                    raise ValueError(f"launch_host: {exc}") from None
         except (RingflowError, ValueError) as exc:
-            raise AirflowException(str(exc)) from None
+            message = self._mask(str(exc), secret_env_values(self.extra_env))
+            raise AirflowFailException(message) from None
         return config
+
+    def render_template_fields(self, context: Any, jinja_env: Any = None) -> None:
+        """Render, then register secret extra_env values with the masker at once, so the
+        rendered fields Airflow stores and shows (before execute) have them masked too."""
+        super().render_template_fields(context, jinja_env)
+        self._secret_values = secret_env_values(self.extra_env)
+        for secret in self._secret_values:
+            mask_secret(secret)
 
     def _secrets(self, config: PopRunConfig) -> list[str]:
         password = None
@@ -219,9 +242,11 @@ class PopRunOperator(BaseOperator):
             "num_replicas": config.num_replicas, "launch_host": launch_host,
             "exit_code": None, "duration_s": 0.0, "dry_run": self.dry_run,
         }
-        self.log.info("PopRun command on %s: %s", launch_host, shlex.join(masked))
+        self._log_plan(config, launch_host, masked)
         if self.dry_run:
-            self.log.info("dry_run: validated and rendered only; nothing was started")
+            self.log.info("dry_run: validated and rendered only; nothing was started (with "
+                          "dry_run False it runs on %s over SSH connection %r)", launch_host,
+                          self.ssh_conn_id)
             return summary
         started = time.monotonic()
         try:
@@ -234,6 +259,18 @@ class PopRunOperator(BaseOperator):
         summary["duration_s"] = round(time.monotonic() - started, 3)
         self._check_exit(exit_code, tail, launch_host, secrets)
         return summary
+
+    def _log_plan(self, config: PopRunConfig, launch_host: str, masked: list[str]) -> None:
+        hosts = len(config.hosts)
+        self.log.info(
+            "PopRun job: %d instance(s) (%d per host on %d host%s: %s), %d replica(s) of %d "
+            "IPU(s), partition %r on V-IPU server %r", config.num_instances,
+            config.nproc_per_host, hosts, "" if hosts == 1 else "s", ",".join(config.hosts),
+            config.num_replicas, config.ipus_per_replica, config.ipu_partition,
+            config.vipu_server)
+        # One token per line, as the seed prints it; still a valid shell command.
+        self.log.info("PopRun command on %s:\n%s", launch_host,
+                      " \\\n    ".join(shlex.quote(token) for token in masked))
 
     def _run(self, context: Any, config: PopRunConfig, argv: list[str],
              launch_host: str) -> tuple[int, list[str]]:
@@ -277,7 +314,10 @@ class PopRunOperator(BaseOperator):
         lines = "\n".join(tail)
         how = f"with exit code {exit_code}"
         if exit_code == -1:
-            how = "without an exit status (exit code -1: ended by a signal?)"
+            how = ("without an exit status (exit code -1: the remote shell itself was ended "
+                   "by a signal)")
+        elif 128 < exit_code <= 128 + 64:
+            how += f" (128+{exit_code - 128}: ended by signal {_signal_name(exit_code - 128)})"
         raise AirflowException(self._mask(
             f"PopRun failed on {host!r} {how}; last {len(tail)} lines:\n{lines}", secrets))
 
