@@ -21,6 +21,8 @@ TASK_MARK_VAR = "RINGFLOW_POPRUN_TASK"
 DEFAULT_STATE_DIR = '"$HOME"/.ringflow/jobs'  # expanded by the remote shell
 # After SIGTERM an earlier try gets this long (in 0.1 s steps) before SIGKILL.
 STOP_GRACE_STEPS = 50
+# A kill that finds no pid file waits this long (0.1 s steps) for the job to write one.
+PID_WAIT_STEPS = 300
 KILL_GRACE_S = 5
 
 
@@ -99,7 +101,6 @@ def _job_body(job: JobId, argv: list[str], env: Mapping[str, str]) -> str:
     exports = "".join(f"export {name}={shlex.quote(value)}\n" for name, value in env.items())
     return (
         "exec 2>&3 3>&-\n"  # stderr back to the channel (see _SIGNALLED)
-        f"export {TASK_MARK_VAR}={job.task_key}\n"
         'echo $$ > "$f.tmp" && mv "$f.tmp" "$f"\n'
         f'echo "{PGID_MARKER}$$"\n'
         f"{exports}"
@@ -140,7 +141,8 @@ def launch_command(job: JobId, argv: list[str], env: Mapping[str, str] | None = 
         'mkdir -p "$d" || exit 97\n'
         f"printf '%s\\n' {shlex.quote(str(job))} > \"$d/job\"\n"
         f"{_stop_earlier_tries()}"
-        "export d f\n"
+        # In the job's environment from its first process on (see _OURS).
+        f"export d f {TASK_MARK_VAR}={job.task_key}\n"
         "exec 3>&2 2>/dev/null\n"
         f"setsid -w sh -c {shlex.quote(body)} < /dev/null\n"
         f"{_SIGNALLED}"
@@ -151,12 +153,18 @@ def launch_command(job: JobId, argv: list[str], env: Mapping[str, str] | None = 
 def kill_command(job: JobId, pgid: int | None, state_dir: str | None = None) -> str:
     """One detached remote command: TERM the group now, KILL it 5 s later, in the background.
 
-    It returns at once (the sleeper runs in its own session), so `on_kill` stays within
-    Airflow's window. Without a known PGID it reads the try's pid file.
+    It returns at once (the killer runs in its own session), so `on_kill` stays within
+    Airflow's window. Without a known PGID it reads the try's pid file; if there is none yet
+    (on_kill came before the job wrote it), the killer waits up to 30 s for one to appear.
     """
     known = str(int(pgid)) if pgid else ""
     killer = (
         f"{_OURS}"
+        f'i=0\nwhile [ -z "$pg" ] && [ $i -lt {PID_WAIT_STEPS} ]; do\n'
+        '  pg=$(cat "$f" 2>/dev/null); [ -n "$pg" ] || { sleep 0.1; i=$((i+1)); }\n'
+        "done\n"
+        'case "$pg" in ""|*[!0-9]*) exit 0;; esac\n'
+        '{ [ "$pg" -gt 1 ] && ours "$pg"; } || exit 0\n'
         f'kill -TERM -"$pg" 2>/dev/null; sleep {KILL_GRACE_S}\n'
         'if ours "$pg"; then kill -KILL -"$pg" 2>/dev/null; fi\n'
         f"{_CLEANUP}"
@@ -165,12 +173,15 @@ def kill_command(job: JobId, pgid: int | None, state_dir: str | None = None) -> 
         f"{_paths(job, state_dir)}"
         f"pg={known}\n"
         '[ -n "$pg" ] || pg=$(cat "$f" 2>/dev/null)\n'
-        'case "$pg" in ""|*[!0-9]*) echo "ringflow: no process group recorded"; exit 0;; esac\n'
-        '[ "$pg" -gt 1 ] || exit 0\n'
-        'ours "$pg" || { echo "ringflow: process group $pg has already ended"; exit 0; }\n'
+        'case "$pg" in *[!0-9]*) echo "ringflow: unreadable pid file $f"; exit 0;; esac\n'
+        'if [ -z "$pg" ]; then\n'
+        f'  echo "ringflow: no process group recorded yet; it is killed if one appears within '
+        f'{PID_WAIT_STEPS // 10} s"\n'
+        'elif [ "$pg" -le 1 ]; then exit 0\n'
+        'elif ! ours "$pg"; then echo "ringflow: process group $pg has already ended"; exit 0\n'
+        'else echo "ringflow: killing process group $pg"; fi\n'
         "export pg d f MARK\n"
         f"setsid sh -c {shlex.quote(killer)} > /dev/null 2>&1 < /dev/null &\n"
-        'echo "ringflow: killing process group $pg"\n'
     )
     return f"sh -c {shlex.quote(script)}"
 
