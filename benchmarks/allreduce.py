@@ -131,7 +131,8 @@ def summarize(records: list[dict]) -> dict[tuple[str, int], dict]:
         out[key] = {"time_us": statistics.median(r["time_us"] for r in rs),
                     "algbw": statistics.median(r["algbw"] for r in rs),
                     "busbw": statistics.median(bus), "min": min(bus), "max": max(bus),
-                    "rounds": len(rs), "correct": all(r.get("correct", True) for r in rs)}
+                    "rounds": len(rs), "n": rs[0]["n"],
+                    "correct": all(r.get("correct", True) for r in rs)}
     return out
 
 
@@ -163,6 +164,8 @@ GOALS = [  # (what, numerator, denominator, size, goal) on busbw; 4 KiB is a tim
 
 
 def goals(summary: dict) -> str:
+    if any(v["n"] != 2 for v in summary.values()):
+        return "(the goals are for 2 ranks)"
     lines = ["| goal (n=2, busbw ratio) | measured | goal | met |", "|---|---:|---:|:---:|"]
     for what, num, den, size, goal in GOALS:
         a, b = summary.get((num, size)), summary.get((den, size))

@@ -17,7 +17,11 @@ from ringflow.distributed.collective import rendezvous, ring
 from ringflow.distributed.collective.intrahost import IntraHost
 from ringflow.distributed.collective.reduce_op import ReduceOp, ufunc_for
 from ringflow.distributed.collective.transport import shm
-from ringflow.distributed.collective.transport.base import Deadline, OpContext
+from ringflow.distributed.collective.transport.base import (
+    Deadline,
+    OpContext,
+    note_local_ranks,
+)
 from ringflow.distributed.collective.transport.tcp import TcpLink, byte_view
 from ringflow.distributed.env import CommSettings, Endpoint, parse_endpoint
 from ringflow.errors import CommError, ExecutionError
@@ -85,6 +89,7 @@ class Communicator:
         lsock, lpid = listener.accept(self.ring_id, rendezvous.KIND_RING, left, deadline,
                                       self.ctx)
         self._link = TcpLink(rsock, lsock, right, left, self.ctx, self.settings.heartbeat_timeout)
+        note_local_ranks(sum(ip == self._ips[self.rank] for ip in self._ips))
         if self.transport == "shm":
             self._map_segments()
         elif self.settings.transport != "tcp":

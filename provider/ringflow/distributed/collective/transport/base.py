@@ -16,6 +16,7 @@ from ringflow.errors import CommError, CommTimeoutError
 _SPIN_POLLS = 2000
 _YIELD_POLLS = 200
 _MAX_NAP = 0.0005
+_spin_polls, _yield_polls = _SPIN_POLLS, _YIELD_POLLS
 # Liveness checks cost syscalls; do them only this often while waiting.
 _CHECK_EVERY = 0.05
 
@@ -48,12 +49,21 @@ class Deadline:
         return time.monotonic() >= self.at
 
 
+def note_local_ranks(count: int) -> None:
+    """Ranks of this host that wait on each other. When they outnumber the cores, a waiter
+    spins only briefly: the peer it waits for needs the core it would burn."""
+    global _spin_polls, _yield_polls
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    if count > (cores or 1):
+        _spin_polls, _yield_polls = 20, 5000
+
+
 def spin_wait(ready: Callable[[], bool], deadline: Deadline,
               check: Callable[[], None], what: Callable[[], str],
               ctx: OpContext, peer: Callable[[], int | None]) -> None:
     """Return once `ready()`; poll fast, then yield, then nap. `check()` raises on a dead
     peer; past the deadline a CommTimeoutError names `what()` we waited for."""
-    for _ in range(_SPIN_POLLS):
+    for _ in range(_spin_polls):
         if ready():
             return
     polls = 0
@@ -68,7 +78,7 @@ def spin_wait(ready: Callable[[], bool], deadline: Deadline,
                                 f"(RINGFLOW_COMM_TIMEOUT) waiting for {what()}", timeout=True)
             next_check = now + _CHECK_EVERY
         polls += 1
-        if polls < _YIELD_POLLS:
+        if polls < _yield_polls:
             os.sched_yield()
         else:
             time.sleep(nap)
