@@ -120,6 +120,9 @@ def test_remote_poprun_receives_exactly_the_built_argv(sshd, ssh_conn):
         "env 2 0 localhost:8090 e;$(id)|*", "env 3 1 localhost:8090 e;$(id)|*"]
     assert not pwned.exists()
     assert result["argv"] == argv
+    assert set(result) == {"argv", "num_instances", "num_replicas", "launch_host", "exit_code",
+                           "duration_s", "dry_run"}
+    json.dumps(result)  # XCom takes it as JSON
     assert (result["num_instances"], result["num_replicas"], result["exit_code"]) == (4, 4, 0)
     assert result["launch_host"] == "127.0.0.1"
     assert result["duration_s"] > 0
