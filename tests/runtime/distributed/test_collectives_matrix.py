@@ -21,7 +21,8 @@ from tests.runtime.distributed.cases import (
 # small segments and slots so 6001 elements take many pipelined rounds, and counts above
 # 1 KiB take the distributed (reduce-scatter) shared-memory path
 SMALL_SEGMENTS = {"RINGFLOW_SEGMENT_BYTES": "4096", "RINGFLOW_SHM_SLOT_BYTES": "4096",
-                  "RINGFLOW_SHM_SMALL_BYTES": "1024", "RINGFLOW_COMM_TIMEOUT": "30",
+                  "RINGFLOW_SHM_SMALL_BYTES": "1024", "RINGFLOW_TCP_SMALL_BYTES": "1024",
+                  "RINGFLOW_COMM_TIMEOUT": "30",
                   "RINGFLOW_RENDEZVOUS_TIMEOUT": "30"}
 CONFIGS = [(1, "shm"), (2, "shm"), (3, "shm"), (4, "shm"), (2, "tcp"), (3, "tcp"), (4, "tcp"),
            (4, "two-hosts")]

@@ -30,6 +30,7 @@ SUPPORTED = {np.dtype(t) for t in ("float16", "float32", "float64", "int32", "in
 SEGMENT_BYTES = int(os.environ.get("RINGFLOW_SEGMENT_BYTES", 1 << 20))
 SLOT_BYTES = int(os.environ.get("RINGFLOW_SHM_SLOT_BYTES", 1 << 20))
 SMALL_BYTES = int(os.environ.get("RINGFLOW_SHM_SMALL_BYTES", 64 << 10))
+TCP_SMALL_BYTES = int(os.environ.get("RINGFLOW_TCP_SMALL_BYTES", 16 << 10))
 _P2P_HEADER = struct.Struct("!q8s")
 
 
@@ -185,6 +186,10 @@ class Communicator:
     def _all_reduce(self, flat: np.ndarray, ufunc) -> None:
         if self._local is not None:
             self._local.all_reduce(flat, ufunc, self._deadline())
+            return
+        if flat.nbytes <= TCP_SMALL_BYTES:
+            ring.ring_all_reduce_small(flat, ufunc, self._link, self.pos, self.nranks,
+                                       self._deadline())
             return
         plan = ring.ring_plan(flat.size, self.nranks, flat.itemsize, SEGMENT_BYTES)
         ring.ring_all_reduce(flat, ufunc, self._link, self.pos, self.nranks, plan,

@@ -83,6 +83,20 @@ def ring_all_reduce(buf: np.ndarray, ufunc: Ufunc, link: TcpLink, pos: int, n: i
             link.recv_into(byte_view(buf[r0:r1]), deadline)
 
 
+def ring_all_reduce_small(buf: np.ndarray, ufunc: Ufunc, link: TcpLink, pos: int, n: int,
+                          deadline: Deadline) -> None:
+    """Latency-bound sizes: circulate whole buffers (n-1 hops instead of 2(n-1)), then every
+    rank reduces all of them in position order, so all ranks compute identical bytes."""
+    rows = np.empty((n, buf.size), dtype=buf.dtype)
+    rows[pos] = buf
+    for send_p, recv_p in all_gather_steps(pos, n, owned_shift=0):
+        link.send(byte_view(rows[send_p]), deadline)
+        link.recv_into(byte_view(rows[recv_p]), deadline)
+    ufunc(rows[0], rows[1], out=buf)
+    for p in range(2, n):
+        ufunc(buf, rows[p], out=buf)
+
+
 def ring_reduce_scatter(buf: np.ndarray, ufunc: Ufunc, link: TcpLink, pos: int, n: int,
                         plan: RingPlan, deadline: Deadline) -> None:
     """Afterwards chunk (pos + 1) % n of `buf` holds the reduction over all positions."""
