@@ -133,9 +133,20 @@ def test_a_key_the_server_does_not_accept_fails_naming_the_host(ssh_conn):
         hook.connect("localhost")
 
 
-def test_preflight_passes_when_every_host_answers_and_poprun_is_found(hook):
-    hook.check_hosts(["127.0.0.1", "localhost"], "127.0.0.1", "poprun",
-                     find_executable_command("poprun"))
+def test_preflight_passes_when_every_host_answers_and_poprun_is_found(hook, sshd):
+    path = hook.check_hosts(["127.0.0.1", "localhost"], "127.0.0.1", "poprun",
+                            find_executable_command("poprun"))
+    assert path == str(sshd.bin_dir / "poprun")
+
+
+def test_a_host_key_other_than_the_connection_pins_is_refused(sshd, monkeypatch):
+    """Host keys are checked as the connection says (here: the `host_key` extra)."""
+    wrong_key = " ".join((sshd.key_file.with_suffix(".pub")).read_text().split()[:2])
+    conn = connection_json(sshd, sshd.key_file).replace(sshd.host_key_line, wrong_key)
+    monkeypatch.setenv("AIRFLOW_CONN_RINGFLOW_WRONG_HOSTKEY", conn)
+    hook = MultiHostSSHHook("ringflow_wrong_hostkey", conn_timeout=5)
+    with pytest.raises(LaunchError, match=r"host '127.0.0.1' .*BadHostKeyException"):
+        hook.connect("127.0.0.1")
 
 
 def test_preflight_names_every_failing_host(hook, sshd):

@@ -325,7 +325,11 @@ def test_the_plan_and_the_command_are_logged_before_the_job_starts(sshd, ssh_con
     command = messages[plan + 1]
     assert command.startswith("PopRun command on 127.0.0.1:\npoprun \\\n    --num-instances=4")
     assert "-x DB_PASSWORD=***" in command and "pw-4471" not in command
-    assert messages.index("started") > plan + 1
+    preflight = messages.index(f"preflight passed: 127.0.0.1, localhost answer over SSH "
+                               f"(connection {ssh_conn!r}); poprun on 127.0.0.1 is "
+                               f"{sshd.bin_dir}/poprun")
+    assert plan + 1 < preflight < messages.index("started")
+    assert messages[-1].startswith(f"PopRun job {op._job} on 127.0.0.1 succeeded after ")
 
 
 def test_launch_host_other_than_the_first_host_runs_poprun(sshd, ssh_conn):

@@ -126,19 +126,22 @@ class MultiHostSSHHook(BaseHook):
         return code, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
 
     def check_hosts(self, hosts: list[str], launch_host: str, executable: str,
-                    find_command: str) -> None:
-        """Every host reachable and `executable` found on the launch host; else one error
-        naming every failing host."""
+                    find_command: str) -> str:
+        """Every host reachable and `executable` found on the launch host (its path is
+        returned); else one error naming every failing host."""
+        found: list[str] = []
+
         def check(host: str) -> str | None:
             try:
                 if host != launch_host:
                     self.connect(host)
                     return None
-                code, _, _ = self.run(host, find_command, timeout=self.conn_timeout)
+                code, out, _ = self.run(host, find_command, timeout=self.conn_timeout)
             except LaunchError as exc:
                 return str(exc)
             if code != 0:
                 return f"{executable!r} not found on launch host {host!r} (exit {code})"
+            found.append(out.strip())
             return None
 
         targets = list(dict.fromkeys([*hosts, launch_host]))
@@ -146,6 +149,7 @@ class MultiHostSSHHook(BaseHook):
             problems = [p for p in pool.map(check, targets) if p]
         if problems:
             raise LaunchError("preflight failed: " + "; ".join(problems))
+        return found[0]
 
     def stream(self, host: str, command: str, sink: LineSink,
                should_stop: Callable[[], bool] = lambda: False) -> StreamResult:

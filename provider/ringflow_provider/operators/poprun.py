@@ -258,6 +258,8 @@ class PopRunOperator(BaseOperator):
         summary["exit_code"] = exit_code
         summary["duration_s"] = round(time.monotonic() - started, 3)
         self._check_exit(exit_code, tail, launch_host, secrets)
+        self.log.info("PopRun job %s on %s succeeded after %.1f s", self._job, launch_host,
+                      summary["duration_s"])
         return summary
 
     def _log_plan(self, config: PopRunConfig, launch_host: str, masked: list[str]) -> None:
@@ -275,8 +277,11 @@ class PopRunOperator(BaseOperator):
     def _run(self, context: Any, config: PopRunConfig, argv: list[str],
              launch_host: str) -> tuple[int, list[str]]:
         if self.preflight:
-            self.hook.check_hosts(config.hosts, launch_host, config.poprun,
-                                  find_executable_command(config.poprun))
+            path = self.hook.check_hosts(config.hosts, launch_host, config.poprun,
+                                         find_executable_command(config.poprun))
+            self.log.info("preflight passed: %s answer over SSH (connection %r); %s on %s is %s",
+                          ", ".join(config.hosts), self.ssh_conn_id, config.poprun,
+                          launch_host, path)
         ti = context["ti"]
         self._job = JobId(ti.dag_id, ti.task_id, ti.run_id, int(ti.try_number))
         command = launch_command(self._job, argv, config.extra_env, self.remote_state_dir)
