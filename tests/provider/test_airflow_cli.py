@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 from pathlib import Path
@@ -31,6 +32,26 @@ def test_airflow_providers_list_shows_the_provider(airflow_home):
     listed = {p["package_name"]: p for p in json.loads(out.stdout)}
     assert listed["airflow-provider-ringflow"]["version"] == "0.1.0"
     assert listed["airflow-provider-ringflow"]["description"].startswith("Launch and supervise")
+
+
+def test_distribution_declares_the_entry_point_and_dependencies():
+    from importlib.metadata import distribution
+
+    dist = distribution("airflow-provider-ringflow")
+    points = [(ep.group, ep.name, ep.value) for ep in dist.entry_points
+              if ep.group == "apache_airflow_provider"]
+    assert points == [("apache_airflow_provider", "provider_info",
+                       "ringflow_provider:get_provider_info")]
+    # Dependencies as pyproject.toml declares them (an older editable install's metadata may
+    # still list Airflow under an extra).
+    text = (REPO / "pyproject.toml").read_text()
+    assert 'name = "airflow-provider-ringflow"' in text
+    block = re.search(r"^dependencies = \[(.*?)^\]", text, re.S | re.M).group(1)
+    required = {re.split(r"[<>=!~;\[ ]", req, maxsplit=1)[0]: req
+                for req in re.findall(r'^\s*"([^"]+)"', block, re.M)}
+    assert {"apache-airflow", "apache-airflow-providers-ssh", "paramiko", "pydantic",
+            "numpy"} <= set(required)
+    assert required["apache-airflow"].startswith("apache-airflow>=3.3")
 
 
 def test_provider_info_is_valid_for_airflow_3_3():

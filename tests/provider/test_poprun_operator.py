@@ -325,7 +325,7 @@ def test_the_plan_and_the_command_are_logged_before_the_job_starts(sshd, ssh_con
     command = messages[plan + 1]
     assert command.startswith("PopRun command on 127.0.0.1:\npoprun \\\n    --num-instances=4")
     assert "-x DB_PASSWORD=***" in command and "pw-4471" not in command
-    preflight = messages.index(f"preflight passed: 127.0.0.1, localhost answer over SSH "
+    preflight = messages.index(f"preflight passed: SSH to 127.0.0.1, localhost works "
                                f"(connection {ssh_conn!r}); poprun on 127.0.0.1 is "
                                f"{sshd.bin_dir}/poprun")
     assert plan + 1 < preflight < messages.index("started")

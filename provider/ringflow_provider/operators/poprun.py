@@ -279,7 +279,7 @@ class PopRunOperator(BaseOperator):
         if self.preflight:
             path = self.hook.check_hosts(config.hosts, launch_host, config.poprun,
                                          find_executable_command(config.poprun))
-            self.log.info("preflight passed: %s answer over SSH (connection %r); %s on %s is %s",
+            self.log.info("preflight passed: SSH to %s works (connection %r); %s on %s is %s",
                           ", ".join(config.hosts), self.ssh_conn_id, config.poprun,
                           launch_host, path)
         ti = context["ti"]
