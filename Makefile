@@ -6,7 +6,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint sysdeps venv clean bench bench-train
+.PHONY: demo test lint sysdeps venv clean bench bench-train bench-allreduce bench-sysdeps
 
 $(STAMP): pyproject.toml setup.cfg
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -36,10 +36,21 @@ test: sysdeps $(STAMP)
 
 # Benchmarks (not tests). The training step compares against PyTorch, which is installed
 # only into benchmarks/.venv-torch (made by the script on first use), never into .venv.
-bench: bench-train
+bench: bench-train bench-allreduce
 
 bench-train: $(STAMP)
 	$(PY) benchmarks/train_step.py
+
+# Open MPI is an all-reduce anchor (through mpi4py in the benchmark venv).
+bench-sysdeps:
+	@if ! command -v mpirun >/dev/null; then \
+		echo "installing openmpi-bin and libopenmpi-dev"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+			openmpi-bin libopenmpi-dev >/dev/null; \
+	fi
+
+bench-allreduce: bench-sysdeps $(STAMP)
+	$(PY) benchmarks/allreduce.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info provider/*.egg-info .pytest_cache
