@@ -376,3 +376,18 @@ def test_invalid_rendered_arguments_fail_without_retry_and_mask_secrets(sshd):
     op.render_template_fields({"params": {"h": "user@n1"}})
     with pytest.raises(AirflowFailException, match=r"^launch_host: host 'user@n1' is not a "):
         op.execute(context())
+
+
+def test_cmd_timeout_fails_the_task_and_stops_the_remote_job(sshd, ssh_conn):
+    """Airflow calls no on_kill after an exception, so execute stops what it started."""
+    script = write_script(sshd, 'print("ready", flush=True)\ntime.sleep(300)\n')
+    op, lines = make_op(sshd, ssh_conn, script, cmd_timeout=1)
+    with pytest.raises(AirflowException) as info:
+        op.execute(context())
+    assert ("stdout", "ready") in lines
+    assert str(info.value) == (
+        f"host '127.0.0.1': no output for 1 s (cmd_timeout); the job's process group "
+        f"{op._pgid} on '127.0.0.1' was sent TERM (KILL 5 s later)")
+    assert ("info", f"after the failure on 127.0.0.1: ringflow: killing process group "
+                    f"{op._pgid}") in op._cached_logger.records
+    wait_until(lambda: not processes_running(script), 20, "the remote group to die")

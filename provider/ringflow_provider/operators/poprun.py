@@ -252,7 +252,7 @@ class PopRunOperator(BaseOperator):
         try:
             exit_code, tail = self._run(context, config, argv, launch_host)
         except RingflowError as exc:
-            raise AirflowException(self._mask(str(exc), secrets)) from None
+            raise AirflowException(self._stop_after_failure(str(exc), launch_host)) from None
         finally:
             self.hook.close()
         summary["exit_code"] = exit_code
@@ -340,15 +340,32 @@ class PopRunOperator(BaseOperator):
             self.log.warning("on_kill: the kill command for %s is still being sent", job)
         self._stop_streaming = True
 
-    def _send_kill(self, job: JobId, pgid: int | None, host: str) -> None:
+    def _stop_after_failure(self, error: str, host: str) -> str:
+        """A started job outlives a lost stream (cmd_timeout, dropped link) and Airflow calls
+        no on_kill after an exception: stop it here. Returns the masked failure message."""
+        message = self._mask(error, self._secret_values)
+        if self._job is None or self._pgid is None or self._killed:
+            return message
+        if self._send_kill(self._job, self._pgid, host, "after the failure", self.conn_timeout):
+            message += (f"; the job's process group {self._pgid} on {host!r} was sent TERM "
+                        "(KILL 5 s later)")
+        return message
+
+    def _send_kill(self, job: JobId, pgid: int | None, host: str, why: str = "on_kill",
+                   timeout: float = ON_KILL_BUDGET_S) -> bool:
         command = kill_command(job, pgid, self.remote_state_dir)
         hook = self.hook
         try:
             client = hook.hook_for(host).client
             transport = client.get_transport() if client else None
             if transport is None or not transport.is_active():
-                hook = MultiHostSSHHook(self.ssh_conn_id, ON_KILL_BUDGET_S, None)
-            code, out, err = hook.run(host, command, timeout=ON_KILL_BUDGET_S)
-            self.log.info("on_kill on %s: %s", host, (out + err).strip() or f"exit {code}")
+                hook = MultiHostSSHHook(self.ssh_conn_id, timeout, None)
+            code, out, err = hook.run(host, command, timeout=timeout)
+            self.log.info("%s on %s: %s", why, host, (out + err).strip() or f"exit {code}")
+            return code == 0
         except Exception as exc:  # on_kill must never raise into Airflow's signal handler
-            self.log.error("on_kill could not reach %s to kill job %s: %s", host, job, exc)
+            self.log.error("%s: could not reach %s to kill job %s: %s", why, host, job, exc)
+            return False
+        finally:
+            if hook is not self.hook:
+                hook.close()
