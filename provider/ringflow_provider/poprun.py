@@ -8,6 +8,7 @@ argv quoted token by token, so no field value can add a shell command. No Airflo
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -28,6 +29,7 @@ __all__ = [
     "build_poprun_argv",
     "config_error_message",
     "mask_argv",
+    "mask_text",
     "parse_config",
     "render_poprun_command",
     "secret_env_values",
@@ -36,6 +38,9 @@ __all__ = [
 ]
 
 MASK = "***"
+# As Airflow's masker ([logging] min_length_masked_secret): shorter values are not replaced
+# wherever they occur ("1" would turn every 1 into ***), only in their own `-x NAME=` slot.
+MIN_MASKED_LEN = 5
 
 
 def _yes_no(flag: bool) -> str:
@@ -127,13 +132,26 @@ def secret_env_values(extra_env: Any) -> list[str]:
     return sorted(values, key=len, reverse=True)
 
 
-def mask_argv(argv: list[str], secrets: Iterable[str]) -> list[str]:
-    """argv with every occurrence of every secret replaced by ***."""
-    secrets = [s for s in secrets if s]
+def mask_text(text: str, secrets: Iterable[str]) -> str:
+    """`text` with every secret of at least MIN_MASKED_LEN characters replaced by ***."""
+    for secret in secrets:
+        if secret and len(secret) >= MIN_MASKED_LEN:
+            text = text.replace(secret, MASK)
+    return text
+
+
+def mask_argv(argv: list[str], secrets: Iterable[str],
+              secret_names: Iterable[str] = ()) -> list[str]:
+    """argv with the secrets replaced by ***, and the value of `-x NAME=value` for each
+    secret name, whatever its length."""
+    secrets = list(secrets)
+    slots = [re.compile(rf"(-x {re.escape(name)}=)\S*") for name in secret_names]
     masked = []
     for token in argv:
-        for secret in secrets:
-            token = token.replace(secret, MASK)
+        token = mask_text(token, secrets)
+        if token.startswith("--mpi-local-args="):
+            for slot in slots:
+                token = slot.sub(lambda m: m.group(1) + MASK, token)
         masked.append(token)
     return masked
 

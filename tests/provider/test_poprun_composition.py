@@ -10,6 +10,7 @@ from ringflow.errors import ConfigError
 from ringflow_provider.poprun import (
     build_poprun_argv,
     mask_argv,
+    mask_text,
     parse_config,
     render_poprun_command,
     secret_values,
@@ -178,11 +179,22 @@ def test_hosts_are_stripped_around_names_from_a_string_or_a_list():
 def test_secret_env_values_are_masked_in_the_argv():
     cfg = config(extra_env={"API_TOKEN": "tok123", "DB_PASSWORD": "pw", "MY_KEY": "k9",
                             "my_secret_x": "s1", "PLAIN": "visible"})
-    masked = mask_argv(build_poprun_argv(cfg), secret_values(cfg, ["connpw"]))
+    masked = mask_argv(build_poprun_argv(cfg), secret_values(cfg, ["connpw"]),
+                       cfg.secret_env_names())
     local = next(a for a in masked if a.startswith("--mpi-local-args="))
     assert local.endswith("-x API_TOKEN=*** -x DB_PASSWORD=*** -x MY_KEY=*** "
                           "-x my_secret_x=*** -x PLAIN=visible")
     assert sorted(secret_values(cfg, ["connpw", None])) == ["connpw", "k9", "pw", "s1", "tok123"]
+
+
+def test_a_short_secret_is_masked_in_its_slot_only():
+    """Like Airflow's masker (min_length_masked_secret 5): "1" must not mask every 1."""
+    cfg = config(extra_env={"MY_KEY": "1", "API_TOKEN": "tok-long-1"})
+    masked = mask_argv(build_poprun_argv(cfg), secret_values(cfg), cfg.secret_env_names())
+    assert masked[1:4] == ["--num-instances=1", "--num-replicas=4", "--ipus-per-replica=1"]
+    assert masked[11] == ("--mpi-local-args=-x PADDLE_TRAINERS_NUM=1 "
+                          "-x PADDLE_TRAINER_ENDPOINTS=node1:8090 -x MY_KEY=*** -x API_TOKEN=***")
+    assert mask_text("id 1, token tok-long-1", secret_values(cfg)) == "id 1, token ***"
 
 
 BASE = dict(hosts="n1", nproc_per_host=1, ipus_per_replica=1, num_ipus=4, ipu_partition="p",

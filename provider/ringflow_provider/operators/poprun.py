@@ -20,10 +20,10 @@ from ringflow_provider.hooks.multi_ssh import MultiHostSSHHook
 from ringflow_provider.models import check_host
 from ringflow_provider.poprun import (
     FIELD_NAMES,
-    MASK,
     PopRunConfig,
     build_poprun_argv,
     mask_argv,
+    mask_text,
     parse_config,
     secret_env_values,
     secret_values,
@@ -236,7 +236,7 @@ class PopRunOperator(BaseOperator):
         self._launch_host = launch_host
         argv = build_poprun_argv(config)
         secrets = self._secrets(config)
-        masked = mask_argv(argv, secrets)
+        masked = mask_argv(argv, secrets, config.secret_env_names())
         summary: dict[str, Any] = {
             "argv": masked, "num_instances": config.num_instances,
             "num_replicas": config.num_replicas, "launch_host": launch_host,
@@ -304,9 +304,7 @@ class PopRunOperator(BaseOperator):
 
     @staticmethod
     def _mask(text: str, secrets: Iterable[str]) -> str:
-        for secret in secrets:
-            text = text.replace(secret, MASK)
-        return text
+        return mask_text(text, secrets)
 
     def _check_exit(self, exit_code: int, tail: list[str], host: str,
                     secrets: list[str]) -> None:
