@@ -391,3 +391,19 @@ def test_cmd_timeout_fails_the_task_and_stops_the_remote_job(sshd, ssh_conn):
     assert ("info", f"after the failure on 127.0.0.1: ringflow: killing process group "
                     f"{op._pgid}") in op._cached_logger.records
     wait_until(lambda: not processes_running(script), 20, "the remote group to die")
+
+
+def test_operator_argument_defaults_equal_the_model_defaults():
+    import inspect
+
+    from ringflow_provider.poprun import PopRunConfig
+
+    params = inspect.signature(PopRunOperator.__init__).parameters
+    for name, field in PopRunConfig.model_fields.items():
+        default = params[name].default
+        if field.is_required():
+            assert default is inspect.Parameter.empty, name
+        elif name == "training_script_args":
+            assert (default, field.default) == (None, [])  # None becomes [] in __init__
+        else:
+            assert default == field.default, name
