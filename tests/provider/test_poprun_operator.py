@@ -283,20 +283,6 @@ def test_execution_timeout_path_kills_the_remote_group(sshd, ssh_conn):
     wait_until(lambda: not processes_running(script), 20, "the remote group to die")
 
 
-def test_operator_defaults_are_the_documented_ones():
-    op = PopRunOperator(task_id="d", hosts="n1,n2", nproc_per_host=1, ipus_per_replica=1,
-                        num_ipus=2, ipu_partition="p", vipu_server="s", training_script="t.py")
-    assert (op.ssh_conn_id, op.launch_host, op.preflight, op.dry_run) == (
-        "ssh_default", None, True, False)
-    assert (op.conn_timeout, op.cmd_timeout, op.retries) == (10, None, 1)
-    assert (op.python, op.endpoint_port, op.update_partition, op.vipu_server_timeout) == (
-        "python3", 8090, False, 120)
-    assert (op.print_topology, op.numa_aware, op.poprun, op.training_script_args) == (
-        True, True, "poprun", [])
-    assert (op.hook.conn_timeout, op.hook.cmd_timeout) == (10, None)
-    assert set(PopRunOperator.template_fields) == {*FIELD_NAMES, "ssh_conn_id", "launch_host",
-                                                   "dry_run"}
-
 
 def test_the_job_runs_in_its_own_session_with_stdin_from_dev_null(sshd, ssh_conn):
     script = write_script(sshd, """
@@ -391,19 +377,3 @@ def test_cmd_timeout_fails_the_task_and_stops_the_remote_job(sshd, ssh_conn):
     assert ("info", f"after the failure on 127.0.0.1: ringflow: killing process group "
                     f"{op._pgid}") in op._cached_logger.records
     wait_until(lambda: not processes_running(script), 20, "the remote group to die")
-
-
-def test_operator_argument_defaults_equal_the_model_defaults():
-    import inspect
-
-    from ringflow_provider.poprun import PopRunConfig
-
-    params = inspect.signature(PopRunOperator.__init__).parameters
-    for name, field in PopRunConfig.model_fields.items():
-        default = params[name].default
-        if field.is_required():
-            assert default is inspect.Parameter.empty, name
-        elif name == "training_script_args":
-            assert (default, field.default) == (None, [])  # None becomes [] in __init__
-        else:
-            assert default == field.default, name
