@@ -52,7 +52,7 @@ def state_dir_expr(state_dir: str | None) -> str:
 # only signalled while one of its processes carries this task's marker in its environment.
 _OURS = r"""ours() {
   for p in $(ps -eo pid=,pgid= | awk -v g="$1" '$2 == g { print $1 }'); do
-    tr '\0' '\n' < /proc/"$p"/environ 2>/dev/null | grep -qx "$MARK" && return 0
+    tr '\0' '\n' 2>/dev/null < /proc/"$p"/environ | grep -qx "$MARK" && return 0
   done
   return 1
 }

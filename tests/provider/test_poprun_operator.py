@@ -372,8 +372,8 @@ def test_cmd_timeout_fails_the_task_and_stops_the_remote_job(sshd, ssh_conn):
         op.execute(context())
     assert ("stdout", "ready") in lines
     assert str(info.value) == (
-        f"host '127.0.0.1': no output for 1 s (cmd_timeout); the job's process group "
-        f"{op._pgid} on '127.0.0.1' was sent TERM (KILL 5 s later)")
+        f"host '127.0.0.1': no output for 1 s (cmd_timeout); on '127.0.0.1': ringflow: "
+        f"killing process group {op._pgid}")
     assert ("info", f"after the failure on 127.0.0.1: ringflow: killing process group "
                     f"{op._pgid}") in op._cached_logger.records
     wait_until(lambda: not processes_running(script), 20, "the remote group to die")

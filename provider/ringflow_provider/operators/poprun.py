@@ -344,13 +344,13 @@ class PopRunOperator(BaseOperator):
         message = self._mask(error, self._secret_values)
         if self._job is None or self._pgid is None or self._killed:
             return message
-        if self._send_kill(self._job, self._pgid, host, "after the failure", self.conn_timeout):
-            message += (f"; the job's process group {self._pgid} on {host!r} was sent TERM "
-                        "(KILL 5 s later)")
-        return message
+        said = self._send_kill(self._job, self._pgid, host, "after the failure",
+                               self.conn_timeout)
+        return f"{message}; on {host!r}: {said}" if said else message
 
     def _send_kill(self, job: JobId, pgid: int | None, host: str, why: str = "on_kill",
-                   timeout: float = ON_KILL_BUDGET_S) -> bool:
+                   timeout: float = ON_KILL_BUDGET_S) -> str:
+        """Send kill_command; returns what it said ("" if it could not be sent)."""
         command = kill_command(job, pgid, self.remote_state_dir)
         hook = self.hook
         try:
@@ -359,11 +359,12 @@ class PopRunOperator(BaseOperator):
             if transport is None or not transport.is_active():
                 hook = MultiHostSSHHook(self.ssh_conn_id, timeout, None)
             code, out, err = hook.run(host, command, timeout=timeout)
-            self.log.info("%s on %s: %s", why, host, (out + err).strip() or f"exit {code}")
-            return code == 0
+            said = (out + err).strip() or f"exit {code}"
+            self.log.info("%s on %s: %s", why, host, said)
+            return said
         except Exception as exc:  # on_kill must never raise into Airflow's signal handler
             self.log.error("%s: could not reach %s to kill job %s: %s", why, host, job, exc)
-            return False
+            return ""
         finally:
             if hook is not self.hook:
                 hook.close()
