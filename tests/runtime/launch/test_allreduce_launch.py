@@ -73,7 +73,8 @@ def test_a_stopped_rank_makes_a_peer_fail_and_the_launcher_ends_the_job(launcher
     """SIGSTOP: the process lives, its sockets stay open; peers notice the silence after
     RINGFLOW_HEARTBEAT_TIMEOUT, and the launcher then removes the stopped rank too."""
     launcher.script("allreduce.py", ALLREDUCE)
-    env = launcher.env(RINGFLOW_TRANSPORT=transport, RINGFLOW_COMM_TIMEOUT="3",
+    # The comm deadline is far beyond the heartbeat's, so only the heartbeat can catch it.
+    env = launcher.env(RINGFLOW_TRANSPORT=transport, RINGFLOW_COMM_TIMEOUT="60",
                        RINGFLOW_HEARTBEAT_TIMEOUT="3")
     done = launcher.run("--nproc-per-host", "3", "allreduce.py", "1000000", "2", "--stop",
                         env=env, timeout=60)
