@@ -34,15 +34,8 @@ ALLREDUCE = """
 """
 
 
-# Known collectives bug (TCP watchdog, commit ef5c368): a rank that finished its last
-# all-reduce and exits makes a neighbour still receiving from its other side raise
-# "rank N closed its connection"; seen in about 1 of 6 runs of 3 ranks on a loaded machine.
-EXIT_RACE = pytest.mark.xfail(strict=False, reason="collectives: a peer's clean exit after "
-                              "the last all-reduce can fail a slower TCP neighbour")
-
-
 @pytest.mark.parametrize("world, transport", [
-    (2, "auto"), (3, "auto"), (2, "tcp"), pytest.param(3, "tcp", marks=EXIT_RACE)])
+    (2, "auto"), (3, "auto"), (2, "tcp"), (3, "tcp")])
 def test_launched_ranks_all_reduce_to_the_same_sums(launcher, world, transport):
     launcher.script("allreduce.py", ALLREDUCE)
     done = launcher.run("--nproc-per-host", str(world), "allreduce.py", "50", "-1",

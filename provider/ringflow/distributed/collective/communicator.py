@@ -160,13 +160,13 @@ class Communicator:
             return fn(*args)
         except CommError as exc:
             self._broken = str(exc)
-            self.close()  # peers see our sockets close and fail fast too
+            self.close(goodbye=False)  # peers see our sockets close and fail fast too
             raise
         except Exception:
             # A local error (bad input) leaves peers mid-collective: fail them fast too.
             if op != "init" and self.nranks > 1:
                 self._broken = f"{op} raised on rank {self.rank}"
-                self.close()
+                self.close(goodbye=False)
             raise
 
     def _deadline(self) -> Deadline:
@@ -325,9 +325,11 @@ class Communicator:
             raise ExecutionError(f"ring {self.ring_id}: {what} {r} is not a rank in "
                                  f"0..{self.nranks - 1}")
 
-    def close(self) -> None:
+    def close(self, goodbye: bool = True) -> None:
+        """goodbye: an orderly exit that neighbours still finishing their last op must not
+        take for a failure; False after a failure, so they fail fast."""
         if self._link is not None:
-            self._link.close()
+            self._link.close(goodbye=goodbye and self._broken is None)
             self._link = None
         self._local = None
         for seg in self._segments:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import sys
 import threading
 from collections.abc import Sequence
 
@@ -66,20 +67,26 @@ def next_group_ring_id() -> int:
         return ring_id
 
 
-def destroy_ring(ring_id: int) -> None:
+def destroy_ring(ring_id: int, goodbye: bool = True) -> None:
     with _lock:
         comm = _rings.pop(ring_id, None)
     if comm is not None:
-        comm.close()
+        comm.close(goodbye=goodbye)
 
 
-def destroy_all() -> None:
+def destroy_all(goodbye: bool = True) -> None:
     """Close every ring and the listener (sockets, mappings); used at exit too."""
     global _next_group_id
     for ring_id in list(_rings):
-        destroy_ring(ring_id)
+        destroy_ring(ring_id, goodbye)
     rendezvous.close_listener()
     _next_group_id = FIRST_GROUP_RING_ID
 
 
-atexit.register(destroy_all)
+def _at_exit() -> None:
+    # An uncaught exception (the interpreter recorded it in sys.last_value) is a death, not
+    # an orderly exit: close without goodbye so the peers fail fast.
+    destroy_all(goodbye=getattr(sys, "last_value", None) is None)
+
+
+atexit.register(_at_exit)

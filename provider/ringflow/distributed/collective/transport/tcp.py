@@ -9,19 +9,31 @@ which the 4 MiB buffers always hold, so a send never waits for the peer (no dead
 peer's next segment arrives while this rank reduces the last one. The heartbeat thread is also
 the watchdog: on a dead or silent peer or a passed deadline it shuts the sockets down, which
 wakes the blocked caller with the recorded cause.
+
+Orderly close: a rank that finishes sends GOODBYE on the heartbeat direction before closing, so
+its left neighbour treats the EOF that follows as "left in order", not as a death; only a later
+send to that rank fails (naming that it left early). A failing rank closes without goodbye.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import select
 import socket
+import struct
+import termios
 import threading
 import time
 
 import numpy as np
 
 from ringflow.distributed.collective.transport.base import Deadline, OpContext
+
+HEARTBEAT, GOODBYE = b"h", b"G"
+# how long an orderly close waits for the right neighbour's kernel to acknowledge our last data
+# (closing earlier risks a reset that discards it); a live peer's kernel acks in microseconds
+_LINGER = 2.0
 
 
 def byte_view(arr: np.ndarray) -> memoryview:
@@ -45,6 +57,8 @@ class TcpLink:
         self.send_channel = None
         self.recv_channel = None
         self._stop = threading.Event()
+        self._wake_r, self._wake_w = socket.socketpair()  # close() wakes the watchdog's select
+        self.right_left_in_order = False  # the right neighbour said GOODBYE
         self._hb_timeout = heartbeat_timeout
         for s in (right, left):
             s.setblocking(True)
@@ -62,25 +76,26 @@ class TcpLink:
             if now >= next_beat:
                 # a full buffer or a dead left neighbour shows up on the data path instead
                 with contextlib.suppress(OSError):
-                    self.left.send(b"h", socket.MSG_DONTWAIT)
+                    self.left.send(HEARTBEAT, socket.MSG_DONTWAIT)
                 next_beat = now + interval
+            watched = [self._wake_r] + ([] if self.right_left_in_order else [self.right])
             try:
-                readable, _, _ = select.select([self.right], [], [], interval / 2)
-                if readable:
-                    if not self.right.recv(4096, socket.MSG_DONTWAIT):
-                        return self._fail(self.right_rank, f"rank {self.right_rank} closed its "
-                                          "connection (process exited or was killed)")
-                    last_seen = time.monotonic()
+                readable, _, _ = select.select(watched, [], [], interval / 2)
+                if self.right in readable and not self._read_right():
+                    return None
+                last_seen = time.monotonic() if self.right in readable else last_seen
             except (BlockingIOError, InterruptedError):
                 pass
             except (OSError, ValueError) as exc:
-                if not self._stop.is_set():
+                if not self._stop.is_set() and not self.right_left_in_order:
                     self._fail(self.right_rank, f"connection to rank {self.right_rank} "
                                f"broke: {exc}")
-                return None
+                if not self.right_left_in_order:
+                    return None
             if self._stop.is_set():
                 return None
-            if time.monotonic() - last_seen > self._hb_timeout:
+            if (not self.right_left_in_order
+                    and time.monotonic() - last_seen > self._hb_timeout):
                 return self._fail(self.right_rank, f"no heartbeat from rank {self.right_rank} "
                                   f"for {self._hb_timeout:g} s (RINGFLOW_HEARTBEAT_TIMEOUT): "
                                   "process stopped or host unreachable")
@@ -90,6 +105,21 @@ class TcpLink:
                                   f"(RINGFLOW_COMM_TIMEOUT) waiting for rank {self.left_rank} "
                                   f"(or sending to rank {self.right_rank})", timeout=True)
         return None
+
+    def _read_right(self) -> bool:
+        """Consume heartbeats from the right neighbour; False once the watchdog must stop.
+        EOF after GOODBYE is an orderly exit: nothing to watch there any more."""
+        data = self.right.recv(4096, socket.MSG_DONTWAIT)
+        if GOODBYE in data:
+            self.right_left_in_order = True
+            return True
+        if data:
+            return True
+        if self.right_left_in_order:
+            return True
+        self._fail(self.right_rank, f"rank {self.right_rank} closed its connection "
+                   "(process exited or was killed)")
+        return False
 
     def _fail(self, peer: int | None, cause: str, timeout: bool = False) -> None:
         if self._failure is None:
@@ -113,13 +143,22 @@ class TcpLink:
             return
         self._deadline = deadline
         try:
+            if self.right_left_in_order:
+                raise BrokenPipeError("it had left")
             self.right.sendall(data)
         except OSError as exc:
             self.check()
+            if self.right_left_in_order:
+                raise self.ctx.error(self.right_rank, self._left_early()) from None
             raise self.ctx.error(self.right_rank, f"sending to rank {self.right_rank} "
                                  f"failed: {exc.strerror or exc}") from None
         finally:
             self._deadline = None
+
+    def _left_early(self) -> str:
+        return (f"rank {self.right_rank} left early: it finished, said goodbye and closed its "
+                "connection, but this rank still has data to send to it (did every rank run "
+                "the same collectives?)")
 
     def recv_into(self, view: memoryview, deadline: Deadline) -> None:
         """Fill `view` from the left neighbour."""
@@ -142,15 +181,56 @@ class TcpLink:
                 if n == 0:
                     self.check()
                     raise self.ctx.error(self.left_rank, f"rank {self.left_rank} closed its "
-                                         "connection (process exited or was killed)")
+                                         "connection (process exited or was killed, or "
+                                         "it finished before sending this data)")
                 got += n
         finally:
             self._deadline = None
 
-    def close(self) -> None:
+    def close(self, goodbye: bool = True) -> None:
+        """Orderly (goodbye=True, after the last op): tell the left neighbour we leave in order,
+        let the right one's kernel take all our data, then close. Without goodbye (after a
+        failure) the sockets just close, so the neighbours fail fast."""
         self._stop.set()
-        self._shutdown()
-        for s in (self.right, self.left):
-            s.close()
+        with contextlib.suppress(OSError):
+            self._wake_w.send(b"x")
         if self._hb is not threading.current_thread():
             self._hb.join(timeout=5)
+        if goodbye and self._failure is None:
+            self._say_goodbye()
+        self._shutdown()
+        for s in (self.right, self.left, self._wake_r, self._wake_w):
+            s.close()
+
+    def _say_goodbye(self) -> None:
+        with contextlib.suppress(OSError):
+            self.left.send(GOODBYE, socket.MSG_DONTWAIT)
+            self.left.shutdown(socket.SHUT_WR)
+        with contextlib.suppress(OSError):
+            self.right.shutdown(socket.SHUT_WR)  # FIN after the last data
+        # Closing a socket with unread input sends a reset, and a reset discards what the
+        # kernel still holds unsent: drain heartbeats until our data is acknowledged.
+        until = time.monotonic() + _LINGER
+        while time.monotonic() < until:
+            _drain(self.right)
+            _drain(self.left)
+            if _unacked(self.right) <= 0:
+                break
+            time.sleep(0.001)
+        _drain(self.right)
+        _drain(self.left)
+
+
+def _drain(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        while sock.recv(65536, socket.MSG_DONTWAIT):
+            pass
+
+
+def _unacked(sock: socket.socket) -> int:
+    """Bytes sent but not yet acknowledged by the peer's kernel (SIOCOUTQ)."""
+    try:
+        buf = fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0" * 4)
+    except OSError:
+        return 0
+    return struct.unpack("i", buf)[0]
