@@ -10,7 +10,7 @@ pytestmark = [pytest.mark.multiproc, pytest.mark.timeout(120)]
 ROUNDS = 8
 
 
-@pytest.mark.parametrize("transport", ["tcp"])
+@pytest.mark.parametrize("transport", ["tcp", "auto"])
 def test_a_rank_leaving_after_its_last_op_does_not_fail_a_slower_neighbour(spawn, transport):
     job = spawn("early_exit.py", 3, args=[str(ROUNDS)],
                 env={"RINGFLOW_TRANSPORT": transport, "RINGFLOW_COMM_TIMEOUT": "30"})

@@ -68,6 +68,7 @@ class Communicator:
         self._link: TcpLink | None = None
         self._local: IntraHost | None = None
         self._segments: list[shm.Segment] = []
+        self._goodbye_words: list[tuple[memoryview, int]] = []  # set on an orderly close
         self._p2p: dict[tuple[str, int], socket.socket] = {}
         self._broken: str | None = None
         ips = [resolve(e) for e in eps]
@@ -111,12 +112,16 @@ class Communicator:
             shm.unlink(name[self.pos])
         link = self._link
         if peer_seg is not None:
-            watch = shm.PeerWatch({right: rpid}, self.ctx, self.settings.heartbeat_timeout)
+            self._goodbye_words.append((peer_seg.words, shm.Channel.SENDER_LEFT))
+            watch = shm.PeerWatch({right: rpid}, self.ctx, self.settings.heartbeat_timeout,
+                                  {right: (peer_seg.words, shm.Channel.RECEIVER_LEFT)})
             link.send_channel = shm.Channel(peer_seg, right, self.ctx,
                                             lambda: (link.check(), watch.check()))
             self._segments.append(peer_seg)
         if own is not None:
-            watch_l = shm.PeerWatch({left: lpid}, self.ctx, self.settings.heartbeat_timeout)
+            self._goodbye_words.append((own.words, shm.Channel.RECEIVER_LEFT))
+            watch_l = shm.PeerWatch({left: lpid}, self.ctx, self.settings.heartbeat_timeout,
+                                    {left: (own.words, shm.Channel.SENDER_LEFT)})
             link.recv_channel = shm.Channel(own, left, self.ctx,
                                             lambda: (link.check(), watch_l.check()))
             self._segments.append(own)
@@ -136,7 +141,10 @@ class Communicator:
         self._segments = segs
         pids = {self.order[p]: segs[p].words[shm.PID] for p in range(self.nranks)
                 if p != self.pos}
-        watch = shm.PeerWatch(pids, self.ctx, self.settings.heartbeat_timeout)
+        left = {self.order[p]: (segs[p].words, shm.LEFT) for p in range(self.nranks)
+                if p != self.pos}
+        self._goodbye_words.append((own.words, shm.LEFT))
+        watch = shm.PeerWatch(pids, self.ctx, self.settings.heartbeat_timeout, left)
 
         def check() -> None:
             self._link.check()
@@ -328,8 +336,13 @@ class Communicator:
     def close(self, goodbye: bool = True) -> None:
         """goodbye: an orderly exit that neighbours still finishing their last op must not
         take for a failure; False after a failure, so they fail fast."""
+        goodbye = goodbye and self._broken is None
+        if goodbye:
+            for words, index in self._goodbye_words:
+                words[index] = 1
+        self._goodbye_words = []
         if self._link is not None:
-            self._link.close(goodbye=goodbye and self._broken is None)
+            self._link.close(goodbye=goodbye)
             self._link = None
         self._local = None
         for seg in self._segments:

@@ -72,7 +72,12 @@ def spin_wait(ready: Callable[[], bool], deadline: Deadline,
     while not ready():
         now = time.monotonic()
         if now >= next_check:
-            check()
+            try:
+                check()
+            except CommError:
+                if ready():  # the peer met this wait before it went
+                    return
+                raise
             if now >= deadline.at:
                 raise ctx.error(peer(), f"no progress for {deadline.seconds:g} s "
                                 f"(RINGFLOW_COMM_TIMEOUT) waiting for {what()}", timeout=True)

@@ -24,8 +24,9 @@ from ringflow.distributed.collective.transport.base import OpContext, process_st
 
 SHM_DIR = "/dev/shm"
 HEADER = 4096
-# header words (int64): 0 = sequence counter, 1 = pid, 2 and 3 = op signature per slot
-SEQ, PID, SIG0 = 0, 1, 2
+# header words (int64): 0 = sequence counter, 1 = pid, 2 and 3 = op signature per slot;
+# LEFT is set by a rank that closes the ring in order (after its last op): gone is then not dead
+SEQ, PID, SIG0, LEFT = 0, 1, 2, 4
 
 _created: set[str] = set()
 
@@ -108,8 +109,10 @@ class PeerWatch:
     """Liveness of the local peers by their pid: gone or zombie = dead; stopped (SIGSTOP)
     for longer than the heartbeat timeout = silent."""
 
-    def __init__(self, pids: dict[int, int], ctx: OpContext, stopped_limit: float) -> None:
+    def __init__(self, pids: dict[int, int], ctx: OpContext, stopped_limit: float,
+                 left: dict[int, tuple[memoryview, int]] | None = None) -> None:
         self.pids = pids  # rank -> pid
+        self.left = left or {}  # rank -> (header words, index) it sets when it leaves in order
         self.ctx = ctx
         self.stopped_limit = stopped_limit
         self._stopped_since: dict[int, float] = {}
@@ -117,6 +120,12 @@ class PeerWatch:
     def check(self) -> None:
         now = time.monotonic()
         for rank, pid in self.pids.items():
+            words, index = self.left.get(rank, (None, 0))
+            if words is not None and words[index]:
+                # only reached while a wait is unmet: the departed rank cannot meet it any more
+                raise self.ctx.error(rank, f"rank {rank} left early: it finished and closed "
+                                     "this ring in order while this rank still waits for it "
+                                     "(did every rank run the same collectives?)")
             state = process_state(pid)
             if state is None or state in "ZX":
                 raise self.ctx.error(rank, f"rank {rank} (pid {pid}) died")
@@ -132,9 +141,10 @@ class PeerWatch:
 class Channel:
     """A one-way byte stream between two ranks of one host (a ring hop): a ring buffer in the
     receiver's segment, `written` advanced by the sender and `read` by the receiver.
-    Header words: 0 = bytes written, 1 = pid of the receiver, 2 = bytes read."""
+    Header words: 0 = bytes written, 1 = pid of the receiver, 2 = bytes read, 4 / 5 = the
+    receiver / the sender left in order."""
 
-    WRITTEN, READ = 0, 2
+    WRITTEN, READ, RECEIVER_LEFT, SENDER_LEFT = 0, 2, LEFT, LEFT + 1
 
     def __init__(self, seg: Segment, peer: int, ctx: OpContext, check) -> None:
         self.seg, self.peer, self.ctx, self.check = seg, peer, ctx, check
