@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.timeout(120)]
-ROUNDS = 8
+ROUNDS = 5
 
 
 @pytest.mark.parametrize("transport", ["tcp", "auto"])
