@@ -17,7 +17,7 @@ from ringflow.optimizer.clip import DIST_SQ_PREFIX, distributed_sq_ops
 SHAPES = {"a": (3, 4), "b": (4,), "c": (2, 2)}
 
 
-def clip_program(clip_norm, distributed=()):
+def clip_program(clip_norm, distributed=(), unclipped=()):
     main, startup = Program(), Program()
     with program_guard(main, startup):
         block = main.global_block()
@@ -25,6 +25,7 @@ def clip_program(clip_norm, distributed=()):
         for name, shape in SHAPES.items():
             p = block.create_parameter(name, shape, "float64")
             p.is_distributed = name in distributed
+            p.need_clip = name not in unclipped
             g = block.create_var(name=f"{name}@GRAD", shape=shape, dtype="float64",
                                  is_data=True)
             pairs.append((p, g))
@@ -32,8 +33,8 @@ def clip_program(clip_norm, distributed=()):
     return main, out
 
 
-def run_clip(clip_norm, scale=1.0, distributed=()):
-    main, pairs = clip_program(clip_norm, distributed)
+def run_clip(clip_norm, scale=1.0, distributed=(), unclipped=()):
+    main, pairs = clip_program(clip_norm, distributed, unclipped)
     rng = np.random.default_rng(0)
     grads = {f"{n}@GRAD": scale * rng.standard_normal(s) for n, s in SHAPES.items()}
     scope = Scope()
@@ -106,3 +107,11 @@ def test_optimizer_clips_before_updating():
 def test_clip_norm_must_be_positive():
     with pytest.raises(ConfigError, match="clip_norm"):
         opt.ClipGradByGlobalNorm(0.0)
+
+
+def test_parameters_with_need_clip_false_are_neither_counted_nor_scaled():
+    grads, clipped = run_clip(1.5, scale=3.0, unclipped=("b",))
+    want = numpy_clip({k: g for k, g in grads.items() if k != "b@GRAD"}, 1.5)
+    np.testing.assert_array_equal(clipped["b@GRAD"], grads["b@GRAD"])
+    for k, g in want.items():
+        np.testing.assert_allclose(clipped[k], g, rtol=1e-13)

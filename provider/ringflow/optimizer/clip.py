@@ -28,7 +28,10 @@ REPL_SQ_PREFIX = "global_norm_sq_replicated"
 
 class ClipGradByGlobalNorm:
     """``paddle.nn.ClipGradByGlobalNorm``: scale all gradients by
-    clip_norm / max(global_norm, clip_norm), global_norm = sqrt(sum of all |g|^2)."""
+    clip_norm / max(global_norm, clip_norm), global_norm = sqrt(sum of all |g|^2).
+
+    As in Paddle, a parameter made with ``ParamAttr(need_clip=False)`` is left out: its
+    gradient neither counts towards the norm nor is scaled."""
 
     def __init__(self, clip_norm: float, group_name: str = "default_group",
                  auto_skip_clip: bool = False) -> None:
@@ -43,19 +46,20 @@ class ClipGradByGlobalNorm:
         return f"ClipGradByGlobalNorm(clip_norm={self.clip_norm})"
 
     def __call__(self, params_grads):
-        if not params_grads:
+        clipped = [(p, g) for p, g in params_grads if getattr(p, "need_clip", True)]
+        if not clipped:
             return params_grads
-        program = params_grads[0][0].block.program
+        program = clipped[0][0].block.program
         block = program.global_block()
         dist, repl = [], []
-        for p, g in params_grads:
+        for p, g in clipped:
             with program._optimized_guard([p, g]):
                 sq = _tmp(block, f"{g.name}_squared_l2_norm", g.dtype)
                 block.append_op("squared_l2_norm", inputs={"X": g}, outputs={"Out": sq})
             (dist if getattr(p, "is_distributed", False) else repl).append(sq)
         with program._optimized_guard():
-            scale = self._scale_var(block, dist, repl, params_grads[0][1].dtype)
-        for p, g in params_grads:
+            scale = self._scale_var(block, dist, repl, clipped[0][1].dtype)
+        for p, g in clipped:
             with program._optimized_guard([p, g]):
                 block.append_op("elementwise_mul", inputs={"X": g, "Y": scale},
                                 outputs={"Out": g})
