@@ -55,17 +55,22 @@ def run_sizes(label, rank, n, sizes, op, barrier, agree_max, extra=None) -> None
                               "correct": ok, **(extra or {})}), flush=True)
 
 
-def ringflow(sizes) -> None:
+def _ringflow_world():
+    """ringflow's process group, this rank, the world size, and a max over ranks."""
     import ringflow.distributed as dist
 
     dist.init_parallel_env()
-    rank, n = dist.get_rank(), dist.get_world_size()
     box = np.zeros(1)
 
     def agree_max(x):
         box[0] = x
         return dist.all_reduce(box, op=dist.ReduceOp.MAX)[0]
 
+    return dist, dist.get_rank(), dist.get_world_size(), agree_max
+
+
+def ringflow(sizes) -> None:
+    dist, rank, n, agree_max = _ringflow_world()
     transport = dist.get_ring(0).transport
     run_sizes(f"ringflow-{transport}", rank, n, sizes, dist.all_reduce, dist.barrier, agree_max)
     dist.destroy_process_group()
@@ -109,16 +114,7 @@ def mpi(sizes) -> None:
 
 def memcpy(sizes) -> None:
     """Bandwidth of np.copyto with every rank copying at once (a shared-memory bound)."""
-    import ringflow.distributed as dist
-
-    dist.init_parallel_env()
-    rank, n = dist.get_rank(), dist.get_world_size()
-    box = np.zeros(1)
-
-    def agree_max(x):
-        box[0] = x
-        return dist.all_reduce(box, op=dist.ReduceOp.MAX)[0]
-
+    dist, rank, n, agree_max = _ringflow_world()
     for size in sizes:
         src, dst = np.ones(size // 4, np.float32), np.zeros(size // 4, np.float32)
         t, _ = timed(lambda _b, s=src, d=dst: np.copyto(d, s), None, dist.barrier, agree_max)

@@ -1,5 +1,5 @@
-"""ringflow: a PaddlePaddle-style static-graph runtime on numpy, with tensor parallelism,
-a ring all-reduce over shared memory and TCP, and a launcher.
+"""ringflow: a PaddlePaddle-style static-graph runtime on numpy, a ring all-reduce over
+shared memory and TCP, and a launcher (tensor-parallel layers and fleet are still to come).
 
 Numpy only, never Airflow: this package is shipped to training hosts. Names are imported
 lazily (PEP 562) so ``import ringflow`` in a worker costs little and each piece loads when
@@ -8,13 +8,11 @@ first used.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from ._lazy import Exports, lazy_exports
 
 __version__ = "0.1.0"
 
-# public name -> (module, attribute or None for the module itself)
-_EXPORTS: dict[str, tuple[str, str | None]] = {
+_EXPORTS: Exports = {
     "Program": ("ringflow.framework.program", "Program"),
     "program_guard": ("ringflow.framework.program", "program_guard"),
     "default_main_program": ("ringflow.framework.program", "default_main_program"),
@@ -41,16 +39,4 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    try:
-        module, attr = _EXPORTS[name]
-    except KeyError:
-        raise AttributeError(f"module 'ringflow' has no attribute {name!r}") from None
-    mod = importlib.import_module(module)
-    value = mod if attr is None else getattr(mod, attr)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__ = lazy_exports('ringflow', globals(), _EXPORTS)

@@ -3,13 +3,11 @@ split). Names load lazily (PEP 562), so importing this package costs nothing unt
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from .._lazy import Exports, lazy_exports
 
 _API = "ringflow.distributed.collective.api"
 _REG = "ringflow.distributed.collective.registry"
-# public name -> (module, attribute or None for the module itself)
-_EXPORTS: dict[str, tuple[str, str | None]] = {
+_EXPORTS: Exports = {
     **{name: (_API, name) for name in (
         "init_parallel_env", "is_initialized", "get_rank", "get_world_size", "new_group",
         "get_group", "Group", "all_reduce", "broadcast", "reduce", "all_gather",
@@ -26,16 +24,4 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    try:
-        module, attr = _EXPORTS[name]
-    except KeyError:
-        raise AttributeError(f"module 'ringflow.distributed' has no attribute {name!r}") from None
-    mod = importlib.import_module(module)
-    value = mod if attr is None else getattr(mod, attr)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__ = lazy_exports('ringflow.distributed', globals(), _EXPORTS)
