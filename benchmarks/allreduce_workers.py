@@ -71,7 +71,7 @@ def _ringflow_world():
 
 def ringflow(sizes) -> None:
     dist, rank, n, agree_max = _ringflow_world()
-    transport = dist.get_ring(0).transport
+    transport = dist.get_ring(dist.get_group().id).transport
     run_sizes(f"ringflow-{transport}", rank, n, sizes, dist.all_reduce, dist.barrier, agree_max)
     dist.destroy_process_group()
 

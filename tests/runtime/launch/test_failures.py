@@ -187,7 +187,7 @@ def test_a_second_signal_to_the_launcher_kills_at_once_without_the_grace(launche
 @pytest.mark.multiproc
 def test_a_sigkilled_launcher_takes_its_workers_their_children_and_shm_with_it(launcher):
     launcher.script("sleeper.py", SLEEPER)
-    segment = Path(f"/dev/shm/ringflow-{launcher.job_id}-ring0-rank0")
+    segment = Path(f"/dev/shm/ringflow-{launcher.job_id}-ring0-0a1b2c3d4e-p0")
     proc = launcher.start("--nproc-per-host", "2", "sleeper.py")
     pids = wait_ready(launcher, (0, 1))
     segment.write_bytes(b"left by a rank")

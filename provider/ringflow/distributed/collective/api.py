@@ -1,5 +1,6 @@
 """Paddle's collective API on numpy arrays: `init_parallel_env`, groups, and the collectives,
-each a thin call into the group's Communicator (ring 0 = the world, 100+ = new_group).
+each a thin call into the group's Communicator (ring 100 = the world, 101+ = new_group; ids 0-99
+belong to program ops, so a worker may use both in one process).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from ringflow.distributed.collective.reduce_op import ReduceOp
 from ringflow.distributed.env import WorkerEnv, worker_env
 from ringflow.errors import CommError, ExecutionError
 
-WORLD_RING_ID = 0
+WORLD_RING_ID = registry.WORLD_RING_ID
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,7 @@ _groups: dict[int, Group] = {}
 
 
 def init_parallel_env() -> Group:
-    """Read the env contract (DESIGN.md section 3) and connect the world (ring 0)."""
+    """Read the env contract (DESIGN.md section 3) and connect the world (ring 100)."""
     global _env
     if _env is None:
         env = worker_env()

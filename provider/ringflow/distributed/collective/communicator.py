@@ -101,7 +101,8 @@ class Communicator:
         """Shared-memory hops between neighbours of one host in a ring that spans hosts."""
         here = self._ips[self.rank]
         to_right, from_left = self._ips[right] == here, self._ips[left] == here
-        name = [shm.channel_name(self._job_id, self.ring_id, p) for p in range(self.nranks)]
+        tag = shm.members_tag(self.endpoints)
+        name = [shm.channel_name(self._job_id, self.ring_id, tag, p) for p in range(self.nranks)]
         own = shm.create_segment(name[self.pos], SLOT_BYTES) if from_left else None
         try:
             self._tcp_barrier()  # every channel exists
@@ -129,7 +130,8 @@ class Communicator:
             self.transport = "tcp+shm"
 
     def _map_segments(self) -> None:
-        names = [shm.segment_name(self._job_id, self.ring_id, p) for p in range(self.nranks)]
+        tag = shm.members_tag(self.endpoints)
+        names = [shm.segment_name(self._job_id, self.ring_id, tag, p) for p in range(self.nranks)]
         own = shm.create_segment(names[self.pos], SLOT_BYTES)
         try:
             self._tcp_barrier()  # every segment exists

@@ -1,5 +1,7 @@
 """The process's rings: ring id -> Communicator. Program ops own ids 0-99 (`c_comm_init` calls
-`init_ring`, collective ops call `get_ring(ring_id)`); `new_group` takes ids from 100 up.
+`init_ring`, collective ops call `get_ring(ring_id)`; Paddle's tensor-parallel ids are mp 0,
+global 1, dp 2); the Python API's world group (`init_parallel_env`) is ring 100 and
+`new_group` takes ids from 101 up.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from ringflow.distributed.env import Endpoint, comm_settings
 from ringflow.errors import CommError, ConfigError
 
 PROGRAM_RING_IDS = range(0, 100)
-FIRST_GROUP_RING_ID = 100
+WORLD_RING_ID = 100
+FIRST_GROUP_RING_ID = 101
 
 _rings: dict[int, Communicator] = {}
 _lock = threading.Lock()

@@ -67,7 +67,7 @@ def run_others(out: dict) -> None:
         g = np.full(4, rank + 1.0)
         dist.all_reduce(g, group=group)
         out["group"] = g
-    comm = dist.get_ring(0)
+    comm = dist.get_ring(dist.get_group().id)
     ring_arr = np.full(6, rank + 1, dtype=np.int64)
     out["ring_all_reduce"] = comm.all_reduce(ring_arr)
     out["ring_all_gather"] = np.stack(comm.all_gather(np.array([rank, rank])))

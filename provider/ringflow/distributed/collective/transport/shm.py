@@ -1,7 +1,10 @@
 """Shared-memory transport for the ranks of one host: one segment per rank,
-/dev/shm/ringflow-<job id>-ring<ring>-p<position>, holding a header of counters and two data
-slots (the intra-host algorithm), or, for a ring hop between two ranks of one host inside a
-ring that spans hosts, a `Channel` segment ...-ch<position> owned by the receiving rank.
+/dev/shm/ringflow-<job id>-ring<ring>-<members>-p<position>, holding a header of counters and
+two data slots (the intra-host algorithm), or, for a ring hop between two ranks of one host
+inside a ring that spans hosts, a `Channel` segment ...-ch<position> owned by the receiving
+rank. <members> is a digest of the ring's endpoints: several communicators of one job share a
+ring id (every model-parallel group of a tensor-parallel job is ring 0), so the id alone would
+make two groups on one host open each other's segments.
 Segments are unlinked as soon as every peer has mapped them, so a crash leaks nothing after
 setup; an atexit hook unlinks any this process created and still holds a name for.
 
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import hashlib
 import mmap
 import os
 import time
@@ -45,12 +49,18 @@ def unlink(name: str) -> None:
     _created.discard(name)
 
 
-def segment_name(job_id: str, ring_id: int, pos: int) -> str:
-    return f"ringflow-{job_id}-ring{ring_id}-p{pos}"
+def members_tag(endpoints) -> str:
+    """A short digest of a ring's member endpoints (in rank order) for segment names."""
+    joined = ",".join(str(e) for e in endpoints).encode()
+    return hashlib.blake2s(joined, digest_size=5).hexdigest()
 
 
-def channel_name(job_id: str, ring_id: int, pos: int) -> str:
-    return f"ringflow-{job_id}-ring{ring_id}-ch{pos}"
+def segment_name(job_id: str, ring_id: int, members: str, pos: int) -> str:
+    return f"ringflow-{job_id}-ring{ring_id}-{members}-p{pos}"
+
+
+def channel_name(job_id: str, ring_id: int, members: str, pos: int) -> str:
+    return f"ringflow-{job_id}-ring{ring_id}-{members}-ch{pos}"
 
 
 class Segment:
