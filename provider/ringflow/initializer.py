@@ -28,6 +28,12 @@ class Initializer:
                                f"{list(var.shape or [])} is not fully known")
         op_type, attrs = self._op(var)
         attrs = {"shape": list(var.shape), "dtype": var.dtype, **attrs}
+        shard = getattr(var, "shard", None)
+        if shard is not None and "seed" in attrs:
+            # A tensor-parallel shard: the op draws the whole parameter and keeps this piece,
+            # so the shard is bitwise the slice of the serial model's parameter.
+            attrs.update(full_shape=list(shard.full_shape), shard_axis=shard.axis,
+                         shard_index=shard.index)
         return block.append_op(op_type, outputs={"Out": [var.name]}, attrs=attrs)
 
     def _op(self, var: Variable) -> tuple[str, dict]:
@@ -96,7 +102,9 @@ class XavierUniform(Initializer):
         self.fan_in, self.fan_out = fan_in, fan_out
 
     def _fans(self, var: Variable) -> tuple[int, int]:
-        fan_in, fan_out = compute_fans(var.shape)
+        # a shard's fans are those of the whole parameter: the same limits as the serial model
+        shard = getattr(var, "shard", None)
+        fan_in, fan_out = compute_fans(shard.full_shape if shard is not None else var.shape)
         return self.fan_in or fan_in, self.fan_out or fan_out
 
     def _op(self, var: Variable) -> tuple[str, dict]:

@@ -123,3 +123,61 @@ def test_initializer_refuses_a_shape_with_unknown_dimensions():
     var = block.create_var(name="v", shape=[-1, 3])
     with pytest.raises(ProgramError, match=r"cannot initialise 'v': its shape \[-1, 3\]"):
         rf.initializer.Constant()(var, block)
+
+
+def _shard_values(initializer, full_shape, axis, parts, name="w"):
+    """The whole parameter a serial startup gives ``name``, and each shard's value."""
+    from ringflow.framework.records import Shard
+
+    def run(shape, shard=None):
+        main, startup = rf.Program(), rf.Program()
+        startup.random_seed = 5
+        with rf.program_guard(main, startup):
+            create_parameter(shape, "float32", attr=rf.ParamAttr(name, initializer=initializer),
+                             shard=shard)
+        scope = rf.Scope()
+        rf.Executor().run(startup, scope=scope)
+        return scope[name], main.global_block().var(name)
+
+    whole, _ = run(full_shape)
+    shards = []
+    for index in range(parts):
+        shard = Shard(tuple(full_shape), axis, index, parts)
+        value, param = run(shard.shape, shard)
+        assert param.is_distributed and param.split_axis == axis and param.shard == shard
+        shards.append(value)
+    return whole, shards
+
+
+@pytest.mark.parametrize("initializer", [
+    rf.initializer.Uniform(-0.3, 0.7), rf.initializer.Normal(0.1, 2.0),
+    rf.initializer.XavierUniform(), rf.initializer.XavierNormal(), rf.initializer.Constant(0.25),
+], ids=lambda i: type(i).__name__)
+@pytest.mark.parametrize("axis", [0, 1])
+def test_a_shard_is_bitwise_the_slice_of_the_serial_parameter(initializer, axis):
+    whole, shards = _shard_values(initializer, (12, 8), axis, parts=4)
+    np.testing.assert_array_equal(np.concatenate(shards, axis=axis), whole)
+    assert all(s.flags.c_contiguous for s in shards)
+
+
+def test_a_sharded_init_op_carries_the_whole_shape_and_its_place():
+    from ringflow.framework.records import Shard
+
+    startup = rf.Program()
+    block = startup.global_block()
+    var = block.create_parameter("w", shape=(12, 2), dtype="float32")
+    var.shard = Shard((12, 8), 1, 3, 4)
+    op = rf.initializer.XavierUniform()(var, block)
+    assert (op.attr("shape"), op.attr("full_shape"), op.attr("shard_axis"),
+            op.attr("shard_index")) == ([12, 2], [12, 8], 1, 3)
+    assert op.attr("max") == pytest.approx(math.sqrt(6.0 / (12 + 8)))  # fans of the whole
+
+
+def test_a_shard_that_does_not_fit_its_parameter_is_an_error():
+    from ringflow.framework.records import Shard
+
+    with pytest.raises(ProgramError, match="cannot cut dim 1 of shape \\[12, 8\\] into 3"):
+        Shard((12, 8), 1, 0, 3)
+    with pytest.raises(ProgramError, match="not the shard shape \\[12, 2\\] of \\[12, 8\\]"), \
+            rf.program_guard(rf.Program(), rf.Program()):
+        create_parameter([12, 3], "float32", attr="w", shard=Shard((12, 8), 1, 0, 4))

@@ -11,6 +11,7 @@ from typing import Any
 
 from ..errors import ProgramError
 from .program import Block, Parameter, Variable, default_main_program, default_startup_program
+from .records import Shard
 from .registry import convert_dtype
 
 
@@ -100,7 +101,8 @@ def _named_in_layer(block: Block, layer_name: str, is_bias: bool) -> str:
 
 def create_parameter(shape: Iterable[int], dtype: Any = "float32", attr: Any = None,
                      is_bias: bool = False, default_initializer: Any = None,
-                     prefix: str = "fc", layer_name: str | None = None) -> Parameter | None:
+                     prefix: str = "fc", layer_name: str | None = None,
+                     shard: Shard | None = None) -> Parameter | None:
     """A parameter of the default main program, initialised by the default startup program.
 
     Named ``attr.name``, else ``<layer_name>.w_<j>`` when a layer name is given (``fc(...,
@@ -108,6 +110,11 @@ def create_parameter(shape: Iterable[int], dtype: Any = "float32", attr: Any = N
     by ``attr.initializer``, else ``default_initializer``, else XavierUniform (weights) or
     Constant(0.0) (biases). A name already in the program returns that parameter (shared
     weights). ``attr=False`` creates nothing and returns None.
+
+    ``shard``: the parameter is this process's tensor-parallel piece of a larger one
+    (``shape`` is the piece's); it is marked ``is_distributed`` and its initializer draws the
+    whole parameter and keeps the piece, so the piece is bitwise the slice of what a serial
+    model's parameter of the same name gets.
     """
     from ..initializer import Constant, XavierUniform
 
@@ -125,27 +132,33 @@ def create_parameter(shape: Iterable[int], dtype: Any = "float32", attr: Any = N
         name = _generated_name(main, prefix, is_bias)
     if any(d <= 0 for d in shape):
         raise ProgramError(f"parameter {name!r}: shape {shape} must be fully known and positive")
+    if shard is not None and tuple(shape) != shard.shape:
+        raise ProgramError(f"parameter {name!r}: shape {shape} is not the shard shape "
+                           f"{list(shard.shape)} of {list(shard.full_shape)}")
     existing = main.vars.get(name)
     if existing is not None:
-        return _shared(existing, shape, dtype)
+        return _shared(existing, shape, dtype, shard)
     init = attr.initializer or default_initializer or (
         Constant(0.0) if is_bias else XavierUniform())
-    param = _new_parameter(main, name, shape, dtype, attr, init)
+    param = _new_parameter(main, name, shape, dtype, attr, init, shard)
     if name not in startup.vars:
-        init(_new_parameter(startup, name, shape, dtype, attr, init), startup)
+        init(_new_parameter(startup, name, shape, dtype, attr, init, shard), startup)
     return param
 
 
 def _new_parameter(block: Block, name: str, shape: list[int], dtype: Any, attr: ParamAttr,
-                   init: Any) -> Parameter:
+                   init: Any, shard: Shard | None) -> Parameter:
     p = block.create_parameter(name, shape, dtype, trainable=attr.trainable, initializer=init)
     p.optimize_attr["learning_rate"] = attr.learning_rate
     p.need_clip = attr.need_clip
     p.regularizer = attr.regularizer
+    if shard is not None:
+        p.shard, p.split_axis, p.is_distributed = shard, shard.axis, True
     return p
 
 
-def _shared(existing: Variable, shape: list[int], dtype: Any) -> Parameter:
+def _shared(existing: Variable, shape: list[int], dtype: Any,
+            shard: Shard | None) -> Parameter:
     if not isinstance(existing, Parameter):
         raise ProgramError(f"cannot create parameter {existing.name!r}: the program has a "
                            f"variable of that name that is not a parameter")
@@ -153,4 +166,7 @@ def _shared(existing: Variable, shape: list[int], dtype: Any) -> Parameter:
         raise ProgramError(f"parameter {existing.name!r} exists as {existing.dtype}"
                            f"{list(existing.shape)}; cannot reuse it as "
                            f"{convert_dtype(dtype)}{shape}")
+    if existing.shard != shard:
+        raise ProgramError(f"parameter {existing.name!r} exists as shard {existing.shard}; "
+                           f"cannot reuse it as shard {shard}")
     return existing

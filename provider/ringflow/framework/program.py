@@ -11,12 +11,12 @@ from __future__ import annotations
 import contextlib
 import copy
 import itertools
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from ..errors import ProgramError, RingflowError
 from .records import Operator, Parameter, Variable, _names
-from .registry import EMPTY_VAR_NAME, ShapeContext, get_op_def, slot_errors
+from .registry import EMPTY_VAR_NAME, ShapeContext, convert_dtype, get_op_def, slot_errors
 from .roles import OP_ROLE_KEY, OP_ROLE_VAR_KEY, OpRole
 
 __all__ = [
@@ -56,9 +56,12 @@ class Block:
         return self.program.blocks[self.parent_idx] if self.parent_idx >= 0 else None
 
     def create_var(self, name: str | None = None, **kwargs: Any) -> Variable:
+        """A new variable, or the existing one of that name when the shape and dtype given
+        (if any) agree with it; a disagreement is a ProgramError naming both."""
         name = name or self.program.unique_name("tmp")
         if name in self.vars:
             existing = self.vars[name]
+            _check_redeclaration(existing, kwargs)
             return existing
         v = Variable(self, name, **kwargs)
         self.vars[name] = v
@@ -103,6 +106,42 @@ class Block:
 
     def _remove_op(self, index: int) -> None:
         del self.ops[index]
+        self.program._bump()
+
+    # what rewrite passes use: ops found by predicate, inserted next to an anchor op ----------
+    def index_of(self, op: Operator) -> int:
+        """The position of ``op`` (by identity) in this block."""
+        for i, candidate in enumerate(self.ops):
+            if candidate is op:
+                return i
+        raise ProgramError(f"op {op.type!r} is not in block {self.idx}")
+
+    def find_ops(self, pred: Callable[[Operator], Any] | None = None, *,
+                 type: str | None = None, output: str | None = None,
+                 input: str | None = None) -> list[Operator]:
+        """The ops, in program order, that satisfy ``pred`` and have the given type, write
+        variable ``output`` and read variable ``input`` (each criterion optional)."""
+        return [op for op in self.ops
+                if (type is None or op.type == type)
+                and (output is None or output in op.output_arg_names)
+                and (input is None or input in op.input_arg_names)
+                and (pred is None or pred(op))]
+
+    def insert_op_before(self, anchor: Operator, type: str, inputs: dict | None = None,
+                         outputs: dict | None = None, attrs: dict | None = None) -> Operator:
+        return self._insert_op(self.index_of(anchor), type, inputs, outputs, attrs)
+
+    def insert_op_after(self, anchor: Operator, type: str, inputs: dict | None = None,
+                        outputs: dict | None = None, attrs: dict | None = None) -> Operator:
+        return self._insert_op(self.index_of(anchor) + 1, type, inputs, outputs, attrs)
+
+    def rename_var_in_op(self, op: Operator, old: str, new: str) -> None:
+        """Reads and writes of ``old`` in ``op`` refer to ``new`` (which must exist)."""
+        if self._find_var_recursive(new) is None:
+            raise ProgramError(f"cannot rename {old!r} to {new!r} in op {op.type!r}: "
+                               f"{new!r} is not a variable of block {self.idx}")
+        op._rename_input(old, new)
+        op._rename_output(old, new)
         self.program._bump()
 
     def _make_op(self, type: str, inputs: dict | None, outputs: dict | None,
@@ -266,6 +305,19 @@ def _clone_block(block: Block, program: Program, for_test: bool) -> Block:
             nop.attrs["is_test"] = True
         nb.ops.append(nop)
     return nb
+
+
+def _check_redeclaration(existing: Variable, kwargs: dict[str, Any]) -> None:
+    shape, dtype = kwargs.get("shape"), kwargs.get("dtype")
+    same_shape = shape is None or existing.shape is None or \
+        tuple(int(d) for d in shape) == existing.shape
+    same_dtype = dtype is None or convert_dtype(dtype) == existing.dtype
+    if not (same_shape and same_dtype):
+        asked = f"{convert_dtype(dtype) if dtype is not None else existing.dtype}" \
+                f"{list(shape) if shape is not None else list(existing.shape or [])}"
+        raise ProgramError(f"create_var: variable {existing.name!r} exists as "
+                           f"{existing.dtype}{list(existing.shape or [])}; cannot declare it "
+                           f"again as {asked}")
 
 
 def _drop_unused_vars(program: Program) -> None:

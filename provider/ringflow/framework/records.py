@@ -6,9 +6,11 @@ They hold data and answer Paddle's accessors; ``Block`` (program.py) creates and
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from ..errors import ProgramError
 from .registry import EMPTY_VAR_NAME, convert_dtype
 
 if TYPE_CHECKING:
@@ -46,6 +48,40 @@ class Variable:
         return var_to_string(self)
 
 
+@dataclasses.dataclass(frozen=True)
+class Shard:
+    """Where a tensor-parallel parameter's shard sits in the whole parameter: ``index`` of
+    ``parts`` equal pieces of ``full_shape`` cut along ``axis``."""
+
+    full_shape: tuple[int, ...]
+    axis: int
+    index: int
+    parts: int
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.axis < len(self.full_shape):
+            raise ProgramError(f"shard axis {self.axis} is out of range for a parameter of "
+                               f"shape {list(self.full_shape)}")
+        if self.parts < 1 or not 0 <= self.index < self.parts \
+                or self.full_shape[self.axis] % self.parts:
+            raise ProgramError(f"cannot cut dim {self.axis} of shape {list(self.full_shape)} "
+                               f"into {self.parts} equal parts and take part {self.index}")
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The shard's own shape."""
+        dims = list(self.full_shape)
+        dims[self.axis] //= self.parts
+        return tuple(dims)
+
+    def slice_of(self, full):
+        """This shard's part of an array shaped like the whole parameter."""
+        size = self.full_shape[self.axis] // self.parts
+        index = [slice(None)] * len(self.full_shape)
+        index[self.axis] = slice(self.index * size, (self.index + 1) * size)
+        return full[tuple(index)]
+
+
 class Parameter(Variable):
     """A persistable, trainable variable initialised by the startup program."""
 
@@ -65,8 +101,10 @@ class Parameter(Variable):
         self.trainable = trainable
         self.initializer = initializer
         self.is_distributed = is_distributed
-        # Which axis a tensor-parallel shard was cut along (None: not split).
+        # Which axis a tensor-parallel shard was cut along (None: not split), and where the
+        # shard sits in the whole parameter (initializers draw the whole, then slice).
         self.split_axis: int | None = None
+        self.shard: Shard | None = None
         # Per-parameter learning-rate multiplier, as Paddle's ParamAttr.learning_rate.
         self.optimize_attr = {"learning_rate": 1.0}
         # ParamAttr's need_clip (gradient clipping applies) and regularizer (None: the
@@ -109,6 +147,14 @@ class Operator:
 
     def _set_attr(self, name: str, value: Any) -> None:
         self.attrs[name] = value
+
+    def _rename_input(self, old: str, new: str) -> None:
+        for names in self.inputs.values():
+            names[:] = [new if n == old else n for n in names]
+
+    def _rename_output(self, old: str, new: str) -> None:
+        for names in self.outputs.values():
+            names[:] = [new if n == old else n for n in names]
 
     @property
     def attr_names(self) -> list[str]:

@@ -59,22 +59,50 @@ def _generator(ctx) -> np.random.Generator:
     return np.random.default_rng(seed) if seed else ctx.rng()
 
 
+# A tensor-parallel shard's init op: ``shape`` is the shard's, ``full_shape`` the whole
+# parameter's (empty: not a shard), cut into equal parts along ``shard_axis``.
+_SHARD_ATTRS = {"full_shape": [], "shard_axis": -1, "shard_index": 0}
+
+
+def _draw(ctx, sample) -> np.ndarray:
+    """``sample(generator, shape)`` drawn for the op's tensor. For a shard: drawn for the
+    whole parameter (the same numbers a serial model's op draws), then this piece is kept as
+    a contiguous copy and the whole freed, so a process holds one whole parameter at most."""
+    shape, dtype = _shape_and_dtype(ctx)
+    full = tuple(int(d) for d in ctx.attr("full_shape") or ())
+    if not full:
+        return sample(_generator(ctx), shape).astype(dtype)
+    axis, index = int(ctx.attr("shard_axis")), int(ctx.attr("shard_index"))
+    if len(full) != len(shape) or not 0 <= axis < len(full) or full[axis] % shape[axis] \
+            or any(f != d for i, (f, d) in enumerate(zip(full, shape)) if i != axis) \
+            or not 0 <= index < full[axis] // shape[axis]:
+        raise ExecutionError(f"op {ctx.index} ({ctx.op.type}): shard {index} along axis "
+                             f"{axis} of shape {list(shape)} does not fit full_shape "
+                             f"{list(full)}")
+    whole = sample(_generator(ctx), full)
+    cut = [slice(None)] * len(full)
+    cut[axis] = slice(index * shape[axis], (index + 1) * shape[axis])
+    piece = np.ascontiguousarray(whole[tuple(cut)], dtype=dtype)
+    del whole
+    return piece
+
+
 @register_op("uniform_random", inputs=[], outputs=["Out"],
-             attrs={"shape": [1], "dtype": "float32", "min": -1.0, "max": 1.0, "seed": 0},
+             attrs={"shape": [1], "dtype": "float32", "min": -1.0, "max": 1.0, "seed": 0,
+                    **_SHARD_ATTRS},
              infer_shape=_infer_from_attrs)
 def _uniform_random(ctx) -> None:
-    shape, dtype = _shape_and_dtype(ctx)
     lo, hi = float(ctx.attr("min")), float(ctx.attr("max"))
-    ctx.set_output("Out", _generator(ctx).uniform(lo, hi, shape).astype(dtype))
+    ctx.set_output("Out", _draw(ctx, lambda gen, shape: gen.uniform(lo, hi, shape)))
 
 
 @register_op("gaussian_random", inputs=[], outputs=["Out"],
-             attrs={"shape": [1], "dtype": "float32", "mean": 0.0, "std": 1.0, "seed": 0},
+             attrs={"shape": [1], "dtype": "float32", "mean": 0.0, "std": 1.0, "seed": 0,
+                    **_SHARD_ATTRS},
              infer_shape=_infer_from_attrs)
 def _gaussian_random(ctx) -> None:
-    shape, dtype = _shape_and_dtype(ctx)
     mean, std = float(ctx.attr("mean")), float(ctx.attr("std"))
-    ctx.set_output("Out", _generator(ctx).normal(mean, std, shape).astype(dtype))
+    ctx.set_output("Out", _draw(ctx, lambda gen, shape: gen.normal(mean, std, shape)))
 
 
 def _assign_grad(op, no_grad: frozenset) -> list[OpDesc]:

@@ -208,8 +208,22 @@ def _lamb_direction(ctx, p, m, v, g, r) -> tuple[float, float]:
 _lamb_buffers: dict[tuple, np.ndarray] = {}
 
 
+def _whole_sums(ctx, *partials: float) -> tuple[float, ...]:
+    """Sums of squares of the whole parameter: a tensor-parallel shard's update op carries
+    the model-parallel ``ring_id`` (-1: not sharded), over which its partial sums add up."""
+    ring_id = int(ctx.attr("ring_id"))
+    if ring_id < 0:
+        return partials
+    from ..distributed.collective.registry import get_ring
+
+    sums = np.array(partials, dtype=np.float64)
+    get_ring(ring_id).all_reduce(sums)
+    return tuple(float(v) for v in sums)
+
+
 @register_op("lamb", inputs=_ADAM_IN, outputs=_ADAM_OUT,
-             attrs={"beta1": 0.9, "beta2": 0.999, "epsilon": 1e-6, "weight_decay": 0.01},
+             attrs={"beta1": 0.9, "beta2": 0.999, "epsilon": 1e-6, "weight_decay": 0.01,
+                    "ring_id": -1},
              infer_shape=_infer_like(*_MOMENT_PAIRS))
 def _lamb(ctx) -> None:
     _check_same_shape(ctx, "Param", "Grad", "Moment1", "Moment2")
@@ -220,7 +234,7 @@ def _lamb(ctx) -> None:
     r = _lamb_buffers.get(key)
     if r is None:
         r = _lamb_buffers[key] = np.empty(p.size, p.dtype)
-    p_sq, r_sq = _lamb_direction(ctx, p, m, v, g, r)
+    p_sq, r_sq = _whole_sums(ctx, *_lamb_direction(ctx, p, m, v, g, r))
     trust = math.sqrt(p_sq) / math.sqrt(r_sq) if p_sq > 0 and r_sq > 0 else 1.0
     step = lr * trust
 
@@ -239,7 +253,7 @@ def _lamb(ctx) -> None:
 @register_op("lars_momentum", inputs=["Param", "Grad", "Velocity", "LearningRate"],
              outputs=["ParamOut", "VelocityOut"],
              attrs={"mu": 0.9, "lars_coeff": 0.001, "lars_weight_decay": 0.0005,
-                    "epsilon": 0.0},
+                    "epsilon": 0.0, "ring_id": -1},
              infer_shape=_infer_like(("Param", "ParamOut"), ("Velocity", "VelocityOut")))
 def _lars_momentum(ctx) -> None:
     _check_same_shape(ctx, "Param", "Grad", "Velocity")
@@ -248,8 +262,8 @@ def _lars_momentum(ctx) -> None:
     p = _state(ctx, "Param", "ParamOut").reshape(-1)
     v = _state(ctx, "Velocity", "VelocityOut").reshape(-1)
     g = ctx.input("Grad").reshape(-1)
-    p_norm = math.sqrt(float(np.dot(p, p)))
-    g_norm = math.sqrt(float(np.dot(g, g)))
+    p_sq, g_sq = _whole_sums(ctx, float(np.dot(p, p)), float(np.dot(g, g)))
+    p_norm, g_norm = math.sqrt(p_sq), math.sqrt(g_sq)
     local_lr = lr
     if wd > 0 and p_norm > 0 and g_norm > 0:
         local_lr = lr * coeff * p_norm / (g_norm + wd * p_norm + float(ctx.attr("epsilon")))

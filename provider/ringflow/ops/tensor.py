@@ -1,5 +1,5 @@
 """Shape ops: reshape2, transpose2, squeeze2, unsqueeze2 (with Paddle's XShape), concat,
-split, slice. Outputs are views of their input where numpy allows; gradients likewise."""
+split, slice, tril_triu. Outputs are views of their input where numpy allows; gradients likewise."""
 
 from __future__ import annotations
 
@@ -293,3 +293,28 @@ def _slice_grad(ctx) -> None:
     dx.fill(0)
     dx[_slices(x.shape, ctx.attr)] = dout.reshape(_sliced_shape(x.shape, ctx.attr, True))
     ctx.set_output("Input@GRAD", dx)
+
+
+# tril_triu: the lower (or upper) triangle of the last two dims, the rest zero ---------------
+_TRIL_ATTRS = {"diagonal": 0, "lower": True}
+
+
+def _triangle(x: np.ndarray, diagonal: int, lower: bool) -> np.ndarray:
+    if x.ndim < 2:
+        raise ValueError(f"tril_triu needs at least 2 dims, got shape {list(x.shape)}")
+    return np.tril(x, diagonal) if lower else np.triu(x, diagonal)
+
+
+@register_op("tril_triu", inputs=["X"], outputs=["Out"], attrs=_TRIL_ATTRS,
+             infer_shape=like_inputs(("X", "Out")),
+             grad=make_grad_op("tril_triu_grad", in_grads=["X"]))
+def _tril_triu(ctx) -> None:
+    ctx.set_output("Out", _triangle(ctx.input("X"), int(ctx.attr("diagonal")),
+                                    bool(ctx.attr("lower"))))
+
+
+@register_op("tril_triu_grad", inputs=["Out@GRAD"], outputs=["X@GRAD"], attrs=_TRIL_ATTRS,
+             infer_shape=like_inputs(("Out@GRAD", "X@GRAD")))
+def _tril_triu_grad(ctx) -> None:
+    ctx.set_output("X@GRAD", _triangle(ctx.input("Out@GRAD"), int(ctx.attr("diagonal")),
+                                       bool(ctx.attr("lower"))))

@@ -121,3 +121,12 @@ def test_concat_rejects_inputs_of_different_dtypes_when_built():
     with pytest.raises(ProgramError, match=r"inputs must have one dtype: X\[0\] is float64, "
                                            r"X\[1\] is int64"):
         build("concat", {"X": [np.zeros((2, 1)), np.zeros((2, 1), np.int64)]}, {"axis": 1})
+
+
+@pytest.mark.parametrize("diagonal, lower", [(0, True), (-1, True), (1, False), (0, False)])
+def test_tril_triu_keeps_one_triangle_of_the_last_two_dims(diagonal, lower):
+    x = rng.standard_normal((2, 4, 5))
+    out = forward("tril_triu", {"X": x}, {"diagonal": diagonal, "lower": lower})["Out"][0]
+    expected = np.tril(x, diagonal) if lower else np.triu(x, diagonal)
+    np.testing.assert_array_equal(out, expected)
+    check_grad("tril_triu", {"X": x}, {"diagonal": diagonal, "lower": lower})

@@ -3,6 +3,8 @@ paddle-semantics.md 4.5). Its rewrite passes live in ``tp_passes``."""
 
 from __future__ import annotations
 
+from ...framework.program import default_startup_program
+from . import tp_passes as passes
 from .base import MetaOptimizerBase
 
 
@@ -43,5 +45,39 @@ class TensorParallelOptimizer(MetaOptimizerBase):
 
     def minimize_impl(self, loss, startup_program=None, parameter_list=None,
                       no_grad_set=None):
-        # The rewrite (tp_passes) is being written; until then this is the inner minimize.
-        return self.inner_opt.minimize(loss, startup_program, parameter_list, no_grad_set)
+        """The inner minimize, then the rewrite of reference 4.5: rings and parameter
+        broadcasts in the startup program; with data parallelism (world > degree) the
+        loss-gradient scale and the gradient all-reduces in the main program; with model
+        parallelism (degree > 1) the clip-norm all-reduce and whole-parameter trust ratios.
+        A bad degree fails before any program changes."""
+        endpoints = list(self.role_maker._get_trainer_endpoints())
+        rank = self.role_maker._worker_index()
+        self.mp_degree = passes.check_degree(self.mp_degree, len(endpoints))
+        main = loss.block.program
+        passes.check_partitions(main.global_block(), self.mp_degree)
+        startup = startup_program if startup_program is not None \
+            else default_startup_program()
+        result = self.inner_opt.minimize(loss, startup, parameter_list, no_grad_set)
+        groups = passes.ProcessGroups(rank, tuple(endpoints), self.mp_degree)
+        self._init_process_group(startup.global_block(), groups)
+        block = main.global_block()
+        if groups.nranks > self.mp_degree:
+            passes.insert_loss_grad_scale(block, groups.dp_degree)
+            passes.insert_grad_allreduce(block, self.dp_ring_id)
+        if self.mp_degree > 1:
+            passes.insert_clip_norm_allreduce(block, self.mp_ring_id)
+            passes.mark_sharded_updates(block, self.mp_ring_id)
+        return result
+
+    def _init_process_group(self, startup_block, groups: passes.ProcessGroups) -> None:
+        """Rings global 1, mp 0 (then broadcast the replicated parameters over it) and, with
+        data parallelism, dp 2 (then broadcast every parameter over it), in Paddle's order."""
+        passes.init_communicator(startup_block, groups.endpoints, groups.rank,
+                                 self.global_ring_id, self.global_ring_id)
+        passes.init_communicator(startup_block, groups.mp_endpoints, groups.mp_rank,
+                                 self.mp_ring_id, self.global_ring_id)
+        passes.broadcast_params(startup_block, self.mp_ring_id, skip_distributed=True)
+        if groups.nranks > self.mp_degree:
+            passes.init_communicator(startup_block, groups.dp_endpoints, groups.dp_rank,
+                                     self.dp_ring_id, self.global_ring_id)
+            passes.broadcast_params(startup_block, self.dp_ring_id, skip_distributed=False)
