@@ -55,6 +55,7 @@ CASES = {
     "split": ({"X": f32(2, 4)}, {"num": 2, "axis": 1}, {"Out": 2}),
     "slice": ({"Input": f32(4, 3)}, {"axes": [0], "starts": [1], "ends": [3]}, None),
     "assign": ({"X": f32(2, 3)}, {}, None),
+    "tril_triu": ({"X": f32(3, 3)}, {"diagonal": 0, "lower": True}, None),
 }
 
 
