@@ -19,6 +19,10 @@ _EXPORTS: Exports = {
     "Communicator": ("ringflow.distributed.collective.communicator", "Communicator"),
     "collective": ("ringflow.distributed.collective", None),
     "env": ("ringflow.distributed.env", None),
+    "fleet": ("ringflow.distributed.fleet", None),
+    "DistributedStrategy": ("ringflow.distributed.strategy", "DistributedStrategy"),
+    "PaddleCloudRoleMaker": ("ringflow.distributed.role_maker", "PaddleCloudRoleMaker"),
+    "UserDefinedRoleMaker": ("ringflow.distributed.role_maker", "UserDefinedRoleMaker"),
 }
 
 __all__ = sorted(_EXPORTS)
