@@ -28,8 +28,8 @@ def transformer(vocab_size: int = 512, seq_len: int = 32, hidden_size: int = 64,
     Feeds ``tokens`` and ``labels``, int64 [-1, seq_len]; the loss is the mean next-token
     cross-entropy. Parameters: ``<name>.embed.tok`` [vocab, hidden] (split by rows),
     ``<name>.embed.pos`` [seq_len, hidden], per layer i ``<name>.<i>.ln1|ln2.scale|bias``,
-    ``<name>.<i>.attn.qkv.w|b`` [hidden, 3 hidden] (column parallel; the columns of head h
-    are its q, k and v, so a column slice holds whole heads at any degree),
+    ``<name>.<i>.attn.qkv.w`` [hidden, 3 hidden] (column parallel, no bias; the columns of
+    head h are its q, k and v, so a column slice holds whole heads at any degree),
     ``<name>.<i>.attn.out.w|b`` (row parallel), ``<name>.<i>.mlp.fc1|fc2.w|b``, then
     ``<name>.ln_f.scale|bias`` and ``<name>.head.w`` [hidden, vocab] (column parallel)."""
     ffn_size = 4 * hidden_size if ffn_size is None else ffn_size
@@ -85,8 +85,10 @@ def _causal_mask(seq_len: int, dtype: str) -> Variable:
 def _attention(x: Variable, mask: Variable, cfg: dict, name: str) -> Variable:
     d, heads, mp = cfg["hidden_size"], cfg["num_heads"], cfg["mp_degree"]
     local_heads, head_dim = heads // mp, d // heads
+    # No bias: the key's would get an identically zero gradient (softmax ignores a shift of
+    # a whole row of scores), so it would only collect rounding noise, which Adam amplifies.
     qkv = split(x, (d, 3 * d), "linear", axis=1, num_partitions=mp, gather_out=False,
-                weight_attr=ParamAttr(f"{name}.qkv.w"), bias_attr=ParamAttr(f"{name}.qkv.b"))
+                weight_attr=ParamAttr(f"{name}.qkv.w"), bias_attr=False)
     qkv = nn.reshape(qkv, [0, 0, local_heads, 3 * head_dim])
     q, k, v = (nn.transpose(t, [0, 2, 1, 3]) for t in nn.split(qkv, 3, axis=3))
     scores = nn.scale(nn.matmul(q, k, transpose_y=True), 1.0 / math.sqrt(head_dim))

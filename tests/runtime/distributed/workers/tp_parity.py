@@ -1,0 +1,64 @@
+"""Worker: train every case of tp_cases with tensor_parallel_degree argv[1] and write, per
+case, the per-step losses and each parameter after startup and after the last step to
+rank<N>.npz (keys ``<case>|loss``, ``<case>|init|<param>``, ``<case>|final|<param>``, and
+``<case>|axis|<param>``: the axis a sharded parameter is cut along, -1 if whole)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[4]))  # the repository root
+
+import numpy as np
+from tests.runtime.distributed.tp_cases import (
+    CASES,
+    GLOBAL_BATCH,
+    SEED,
+    STEPS,
+    build_programs,
+    rows,
+)
+
+import ringflow as rf
+from ringflow.distributed import fleet
+
+
+def train(case, mp: int, out: dict) -> None:
+    strategy = fleet.DistributedStrategy()
+    strategy.tensor_parallel = True
+    strategy.tensor_parallel_configs = {"tensor_parallel_degree": mp}
+    main, startup, model = build_programs(
+        case, mp, lambda opt: fleet.distributed_optimizer(opt, strategy))
+    rf.verify(main)
+    rf.verify(startup)
+    scope, exe = rf.Scope(), rf.Executor()
+    exe.run(startup, scope=scope)
+    params = [p.name for p in main.all_parameters()]
+    for name in params:
+        out[f"{case.key}|init|{name}"] = np.array(scope[name])
+        axis = main.global_block().var(name).split_axis
+        out[f"{case.key}|axis|{name}"] = np.array(-1 if axis is None else axis)
+    mine = rows(fleet.worker_index() // mp, fleet.worker_num() // mp)
+    losses = []
+    for step in range(STEPS):
+        batch = model.make_batch(SEED, step, GLOBAL_BATCH)
+        loss, = exe.run(main, feed={k: v[mine] for k, v in batch.items()},
+                        fetch_list=[model.loss], scope=scope)
+        losses.append(float(loss.reshape(-1)[0]))
+    out[f"{case.key}|loss"] = np.array(losses)
+    for name in params:
+        out[f"{case.key}|final|{name}"] = np.array(scope[name])
+
+
+def main() -> None:
+    mp = int(sys.argv[1])
+    fleet.init(is_collective=True)
+    out: dict = {}
+    for case in CASES:
+        train(case, mp, out)
+    np.savez(f"rank{fleet.worker_index()}.npz", **out)
+
+
+if __name__ == "__main__":
+    main()
