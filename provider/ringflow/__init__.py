@@ -1,5 +1,6 @@
-"""ringflow: a PaddlePaddle-style static-graph runtime on numpy, a ring all-reduce over
-shared memory and TCP, and a launcher (tensor-parallel layers and fleet are still to come).
+"""ringflow: a PaddlePaddle-style static-graph runtime on numpy, fleet with Paddle's
+tensor-parallel rewrite and parallel layers, a ring all-reduce over shared memory and TCP,
+built-in models, and a launcher.
 
 Numpy only, never Airflow: this package is shipped to training hosts. Names are imported
 lazily (PEP 562) so ``import ringflow`` in a worker costs little and each piece loads when
@@ -32,6 +33,7 @@ _EXPORTS: Exports = {
     "save": ("ringflow.io", "save"),
     "load": ("ringflow.io", "load"),
     "distributed": ("ringflow.distributed", None),
+    "models": ("ringflow.models", None),
     "errors": ("ringflow.errors", None),
     "framework": ("ringflow.framework", None),
 }

@@ -1,5 +1,7 @@
-"""ringflow.distributed: Paddle's collective API on numpy arrays (and, later, fleet and
-split). Names load lazily (PEP 562), so importing this package costs nothing until used."""
+"""ringflow.distributed: Paddle's collective API on numpy arrays, fleet (strategy, role
+makers, the meta-optimizer chain with TensorParallelOptimizer) and the tensor-parallel layers
+``split`` and ``parallel_cross_entropy``. Names load lazily (PEP 562), so importing this
+package costs nothing until used."""
 
 from __future__ import annotations
 
@@ -23,6 +25,9 @@ _EXPORTS: Exports = {
     "DistributedStrategy": ("ringflow.distributed.strategy", "DistributedStrategy"),
     "PaddleCloudRoleMaker": ("ringflow.distributed.role_maker", "PaddleCloudRoleMaker"),
     "UserDefinedRoleMaker": ("ringflow.distributed.role_maker", "UserDefinedRoleMaker"),
+    "split": ("ringflow.distributed.parallel_layers", "split"),
+    "parallel_cross_entropy": ("ringflow.distributed.parallel_layers", "parallel_cross_entropy"),
+    "meta_optimizers": ("ringflow.distributed.meta_optimizers", None),
 }
 
 __all__ = sorted(_EXPORTS)

@@ -189,7 +189,7 @@ def _c_identity(ctx) -> None:
 # Stream barriers: the collectives here are synchronous, so both are the identity.
 
 
-@_register("c_sync_calc_stream", inputs=["X"], outputs=["Out"], attrs={"ring_id": 0},
+@_register("c_sync_calc_stream", inputs=["X"], outputs=["Out"], attrs={},
            infer_shape=same_shape_as())
 def _c_sync_calc_stream(ctx) -> None:
     # Paddle's op has no ring (it waits for the compute stream), so none is looked up.
