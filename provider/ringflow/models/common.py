@@ -31,12 +31,11 @@ def check_positive(model: str, **values: Any) -> None:
             raise ConfigError(f"{model}: {key} must be an integer >= 1, got {value!r}")
 
 
-def check_divides(model: str, mp_degree: int, **values: int) -> None:
-    """Every sharded size must split evenly over the model-parallel degree."""
-    for key, value in values.items():
-        if value % mp_degree:
-            raise ConfigError(f"{model}: {key}={value} is not divisible by "
-                              f"mp_degree={mp_degree}")
+def check_divides(model: str, divisor: str, value: int, **values: int) -> None:
+    """Every size in ``values`` must split evenly by ``divisor`` (named, = ``value``)."""
+    for key, size in values.items():
+        if size % value:
+            raise ConfigError(f"{model}: {key}={size} is not divisible by {divisor}={value}")
 
 
 def check_float_dtype(model: str, dtype: Any) -> str:

@@ -24,7 +24,7 @@ def mlp(input_size: int = 64, hidden_size: int = 256, num_classes: int = 10,
     gathered); blocks are joined by ReLU. ``mp_degree=1`` builds plain serial layers."""
     check_positive("mlp", input_size=input_size, hidden_size=hidden_size,
                    num_classes=num_classes, num_layers=num_layers, mp_degree=mp_degree)
-    check_divides("mlp", mp_degree, hidden_size=hidden_size)
+    check_divides("mlp", "mp_degree", mp_degree, hidden_size=hidden_size)
     dtype = check_float_dtype("mlp", dtype)
     x = data("x", [-1, input_size], dtype)
     y = data("y", [-1], "int64")

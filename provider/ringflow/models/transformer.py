@@ -36,8 +36,8 @@ def transformer(vocab_size: int = 512, seq_len: int = 32, hidden_size: int = 64,
     check_positive("transformer", vocab_size=vocab_size, seq_len=seq_len,
                    hidden_size=hidden_size, num_heads=num_heads, num_layers=num_layers,
                    ffn_size=ffn_size, mp_degree=mp_degree)
-    check_divides("transformer", num_heads, hidden_size=hidden_size)
-    check_divides("transformer", mp_degree, num_heads=num_heads, vocab_size=vocab_size,
+    check_divides("transformer", "num_heads", num_heads, hidden_size=hidden_size)
+    check_divides("transformer", "mp_degree", mp_degree, num_heads=num_heads, vocab_size=vocab_size,
                   ffn_size=ffn_size)
     dtype = check_float_dtype("transformer", dtype)
     cfg = dict(vocab_size=vocab_size, seq_len=seq_len, hidden_size=hidden_size,
