@@ -1,7 +1,8 @@
-"""The runtime's public API as DESIGN.md section 4 writes it (the distributed calls left out:
-``rf.nn.fc`` stands where the example splits a linear layer): top-level names, one training
-step whose loss and update equal numpy's, ``global_scope()`` get and set, save/load, the
-test clone, and op roles on every op of a full program."""
+"""The runtime's public API as DESIGN.md section 4 writes it, in one process (``rf.nn.fc``
+stands where the example splits a linear layer; tests/runtime/launch/test_readme_examples.py
+runs the tensor-parallel version): top-level names, one training step whose loss and update
+equal numpy's, ``global_scope()`` get and set, save/load, the test clone, and op roles on
+every op of a full program."""
 
 from __future__ import annotations
 

@@ -46,11 +46,19 @@ class CommSettings:
     transport: str = "auto"  # "auto" (shm between ranks of one IP, else tcp) or "tcp"
 
 
-def _int_var(environ: Mapping[str, str], name: str, minimum: int = 0) -> int:
+_REQUIRED = object()
+
+
+def int_var(environ: Mapping[str, str], name: str, minimum: int = 0,
+            default: object = _REQUIRED) -> int | None:
+    """Environment variable ``name`` as an int >= ``minimum``; unset or empty gives
+    ``default`` (a ConfigError naming the variable when there is none)."""
     raw = environ.get(name)
     if raw is None or raw.strip() == "":
-        raise ConfigError(f"environment variable {name} is not set; the launcher "
-                          "(python -m ringflow.launch) sets it for every worker")
+        if default is _REQUIRED:
+            raise ConfigError(f"environment variable {name} is not set; the launcher "
+                              "(python -m ringflow.launch) sets it for every worker")
+        return default
     try:
         value = int(raw)
     except ValueError:
@@ -101,8 +109,8 @@ def expand_endpoints(listed: list[Endpoint], world_size: int, var: str,
 def worker_env(environ: Mapping[str, str] | None = None) -> WorkerEnv:
     """Parse the env contract; a missing or invalid variable raises ConfigError naming it."""
     environ = os.environ if environ is None else environ
-    world = _int_var(environ, "PADDLE_TRAINERS_NUM", minimum=1)
-    rank = _int_var(environ, "PADDLE_TRAINER_ID")
+    world = int_var(environ, "PADDLE_TRAINERS_NUM", minimum=1)
+    rank = int_var(environ, "PADDLE_TRAINER_ID")
     if rank >= world:
         raise ConfigError(f"PADDLE_TRAINER_ID={rank} must be < PADDLE_TRAINERS_NUM={world}")
     var = "PADDLE_TRAINER_ENDPOINTS"
@@ -111,9 +119,9 @@ def worker_env(environ: Mapping[str, str] | None = None) -> WorkerEnv:
     if not listed:
         raise ConfigError(f"environment variable {var} is not set (comma-separated ip:port)")
     per_host = len(listed) != world
-    local_rank = _int_var(environ, "PADDLE_RANK_IN_NODE") if per_host else \
+    local_rank = int_var(environ, "PADDLE_RANK_IN_NODE") if per_host else \
         int(environ.get("PADDLE_RANK_IN_NODE") or 0)
-    local_size = _int_var(environ, "PADDLE_LOCAL_SIZE", 1) if environ.get(
+    local_size = int_var(environ, "PADDLE_LOCAL_SIZE", 1) if environ.get(
         "PADDLE_LOCAL_SIZE") else None
     endpoints = expand_endpoints(listed, world, var, local_size)
     if per_host:

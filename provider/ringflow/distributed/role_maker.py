@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ringflow.distributed.env import Endpoint, expand_endpoints, parse_endpoint
+from ringflow.distributed.env import Endpoint, expand_endpoints, int_var, parse_endpoint
 from ringflow.errors import ConfigError
 
 # What Paddle's role maker assumes when PADDLE_TRAINER_ENDPOINTS is not set.
@@ -120,13 +120,13 @@ def _world_from_env(environ: Mapping[str, str]) -> _World:
     if role is not None and role != "TRAINER":
         raise ConfigError(f"PADDLE_TRAINING_ROLE={role!r}: expected TRAINER (ringflow has no "
                           "parameter servers)")
-    rank = _env_int(environ, "PADDLE_TRAINER_ID", 0, minimum=0)
+    rank = int_var(environ, "PADDLE_TRAINER_ID", 0, default=0)
     var = "PADDLE_TRAINER_ENDPOINTS"
     listed = [parse_endpoint(t, var) for t in environ.get(var, "").split(",") if t.strip()]
     non_distributed = not listed
     if non_distributed:
         listed = [parse_endpoint(DEFAULT_ENDPOINT, var)]
-    world = _env_int(environ, "PADDLE_TRAINERS_NUM", len(listed), minimum=1)
+    world = int_var(environ, "PADDLE_TRAINERS_NUM", 1, default=len(listed))
     if non_distributed and world > 1:
         raise ConfigError(f"PADDLE_TRAINERS_NUM={world} but {var} is not set: a world of "
                           "more than one process needs its endpoints")
@@ -136,7 +136,7 @@ def _world_from_env(environ: Mapping[str, str]) -> _World:
     if world % len(listed):
         raise ConfigError(f"PADDLE_TRAINERS_NUM={world} ranks do not fit the {len(listed)} "
                           f"endpoints of {var}: expected one endpoint per rank or one per host")
-    local_size = _env_int(environ, "PADDLE_LOCAL_SIZE", None, minimum=1)
+    local_size = int_var(environ, "PADDLE_LOCAL_SIZE", 1, default=None)
     endpoints = expand_endpoints(listed, world, var, local_size)
     _check_current(environ, listed, endpoints, rank)
     return _World(rank, endpoints, non_distributed)
@@ -154,24 +154,10 @@ def _check_current(environ: Mapping[str, str], listed: list[Endpoint],
         raise ConfigError(f"PADDLE_CURRENT_ENDPOINT={current} but rank {rank}'s "
                           f"{'host ' if per_host else ''}endpoint in PADDLE_TRAINER_ENDPOINTS "
                           f"is {expected}")
-    local_rank = _env_int(environ, "PADDLE_RANK_IN_NODE", None, minimum=0)
+    local_rank = int_var(environ, "PADDLE_RANK_IN_NODE", 0, default=None)
     if per_host and local_rank is not None and local_rank != rank % local_size:
         raise ConfigError(f"PADDLE_RANK_IN_NODE={local_rank} but rank {rank} is local rank "
                           f"{rank % local_size} of a host running {local_size} ranks")
-
-
-def _env_int(environ: Mapping[str, str], name: str, default: int | None,
-             minimum: int) -> int | None:
-    raw = environ.get(name)
-    if raw is None or not raw.strip():
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ConfigError(f"{name}={raw!r} is not an integer") from None
-    if value < minimum:
-        raise ConfigError(f"{name}={value} must be >= {minimum}")
-    return value
 
 
 class UserDefinedRoleMaker(RoleMakerBase):

@@ -1,7 +1,8 @@
 """Worker: train every case of tp_cases with tensor_parallel_degree argv[1] and write, per
-case, the per-step losses and each parameter after startup and after the last step to
-rank<N>.npz (keys ``<case>|loss``, ``<case>|init|<param>``, ``<case>|final|<param>``, and
-``<case>|axis|<param>``: the axis a sharded parameter is cut along, -1 if whole)."""
+case, the per-step losses (of the global batch: averaged over the data-parallel ring) and
+each parameter after startup and after the last step to rank<N>.npz (keys ``<case>|loss``,
+``<case>|init|<param>``, ``<case>|final|<param>``, and ``<case>|axis|<param>``: the axis a
+sharded parameter is cut along, -1 if whole)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from tests.runtime.distributed.tp_cases import (
 )
 
 import ringflow as rf
-from ringflow.distributed import fleet
+from ringflow.distributed import fleet, get_ring
 
 
 def train(case, mp: int, out: dict) -> None:
@@ -39,12 +40,16 @@ def train(case, mp: int, out: dict) -> None:
         out[f"{case.key}|init|{name}"] = np.array(scope[name])
         axis = main.global_block().var(name).split_axis
         out[f"{case.key}|axis|{name}"] = np.array(-1 if axis is None else axis)
-    mine = rows(fleet.worker_index() // mp, fleet.worker_num() // mp)
+    dp = fleet.worker_num() // mp
+    mine = rows(fleet.worker_index() // mp, dp)
     losses = []
     for step in range(STEPS):
         batch = model.make_batch(SEED, step, GLOBAL_BATCH)
         loss, = exe.run(main, feed={k: v[mine] for k, v in batch.items()},
                         fetch_list=[model.loss], scope=scope)
+        if dp > 1:   # the logged loss is the global batch's: the mean over the dp ring
+            get_ring(2).all_reduce(loss)
+            loss /= dp
         losses.append(float(loss.reshape(-1)[0]))
     out[f"{case.key}|loss"] = np.array(losses)
     for name in params:
