@@ -16,9 +16,11 @@ from ringflow.launch.env import JobIdentity, resolve_identity
 from ringflow.launch.logs import Console
 
 USAGE = """usage: ringflow launch [options] script.py|-m module [args]
+       ringflow train SPEC.json
 
 commands:
   launch    start this host's ranks of a job (see `ringflow launch --help`)
+  train     run a training job spec in this one process (see `ringflow train --help`)
 """
 
 
@@ -53,8 +55,12 @@ def main(argv: list[str] | None = None) -> int:
         stream = sys.stdout if args else sys.stderr
         print(USAGE, file=stream, end="")
         return 0 if args else 2
+    if args[0] == "train":
+        from ringflow.train.__main__ import main as train_main
+
+        return train_main(args[1:], prog="ringflow train")
     if args[0] != "launch":
-        print(f"ringflow: error: unknown command {args[0]!r}; expected 'launch'",
+        print(f"ringflow: error: unknown command {args[0]!r}; expected 'launch' or 'train'",
               file=sys.stderr)
         return 2
     return launch_main(args[1:], prog="ringflow launch")
