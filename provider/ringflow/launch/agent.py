@@ -35,6 +35,7 @@ from ringflow.launch.processes import (
 )
 from ringflow.launch.result import JobResult, RankResult
 from ringflow.launch.shm import sweep_job_segments
+from ringflow.launch.stdin import StdinWatch
 from ringflow.launch.watchdog import WatchdogClient
 
 POLL_S = 0.05
@@ -42,6 +43,7 @@ ORPHAN_SWEEP_S = 2.0
 KILL_WAIT_S = 5.0  # after SIGKILL: only a process stuck in the kernel takes longer
 PUMP_JOIN_S = 5.0
 TAIL_LINES = 20
+STDIN_CLOSED_EXIT = 128 + signal.SIGHUP  # the side that started us hung up
 
 
 @dataclass
@@ -134,11 +136,13 @@ class Agent:
     """One launcher agent for one host of one job."""
 
     def __init__(self, config: LaunchConfig, identity: JobIdentity, console: Console,
-                 environ: Mapping[str, str] | None = None) -> None:
+                 environ: Mapping[str, str] | None = None,
+                 lifeline: StdinWatch | None = None) -> None:
         self.config = config
         self.identity = identity
         self.console = console
         self.environ = dict(os.environ if environ is None else environ)
+        self.lifeline = lifeline  # --stdin: its end stops the job
         self.workers: list[Worker] = []
         self._prctl = Prctl()
         self._watchdog: WatchdogClient | None = None
@@ -152,6 +156,8 @@ class Agent:
         try:
             self._watchdog = WatchdogClient(self.identity.job_id, self.config.grace_s)
             self._start(trap)
+            if self.lifeline is not None:
+                self.lifeline.start()
             cause = self._watch(trap)
         except LaunchError as exc:
             cause = Cause("failed", 1, str(exc))
@@ -223,6 +229,8 @@ class Agent:
                     return self._failure_cause(w)
             if all(w.returncode is not None for w in self.workers):
                 return Cause("succeeded", 0, f"all {len(self.workers)} ranks exited 0")
+            if self.lifeline is not None and self.lifeline.ended.is_set():
+                return self._stdin_cause(self.lifeline.reason)
             if time.monotonic() - last_sweep > ORPHAN_SWEEP_S:
                 reap_orphans(self._own_pids())
                 last_sweep = time.monotonic()
@@ -239,6 +247,11 @@ class Agent:
         text = f"the launcher received {name}"
         self.console.info(f"{text}; stopping all ranks")
         return Cause("stopped", 128 + signum, text)
+
+    def _stdin_cause(self, reason: str) -> Cause:
+        text = f"{reason}: whoever started this launcher with --stdin is gone"
+        self.console.info(f"{text}; stopping all ranks")
+        return Cause("stopped", STDIN_CLOSED_EXIT, text)
 
     def _own_pids(self) -> set[int]:
         pids = {w.proc.pid for w in self.workers}

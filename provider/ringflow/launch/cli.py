@@ -14,6 +14,7 @@ from ringflow.launch.agent import Agent
 from ringflow.launch.config import LaunchConfig, parse_launch_args
 from ringflow.launch.env import JobIdentity, resolve_identity
 from ringflow.launch.logs import Console
+from ringflow.launch.stdin import STDIN_FD, StdinWatch, read_secrets
 
 USAGE = """usage: ringflow launch [options] script.py|-m module [args]
        ringflow train SPEC.json
@@ -29,19 +30,24 @@ def launch_main(argv: list[str] | None = None, prog: str = "python -m ringflow.l
     args = sys.argv[1:] if argv is None else argv
     try:
         config = parse_launch_args(args, prog=prog)
-        identity, warning = resolve_identity(os.environ)
+        environ = dict(os.environ)
+        if config.stdin:  # the secrets take part in the identity as if they were exported
+            environ.update(read_secrets(STDIN_FD, config.stdin_timeout_s))
+        identity, warning = resolve_identity(environ)
     except ConfigError as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
-    return _run(config, identity, warning)
+    return _run(config, identity, warning, environ)
 
 
-def _run(config: LaunchConfig, identity: JobIdentity, warning: str | None) -> int:
+def _run(config: LaunchConfig, identity: JobIdentity, warning: str | None,
+         environ: dict[str, str]) -> int:
     console = Console(sys.stdout.buffer)
     if warning:
         console.info(f"warning: {warning}")
+    lifeline = StdinWatch(STDIN_FD) if config.stdin else None
     try:
-        result = Agent(config, identity, console).run()
+        result = Agent(config, identity, console, environ, lifeline).run()
     except LaunchError as exc:
         console.info(f"error: {exc}")
         return 1

@@ -18,6 +18,7 @@ from ringflow.errors import ConfigError
 
 MAX_NPROC_PER_HOST = 1024
 DEFAULT_GRACE_S = 5.0
+DEFAULT_STDIN_TIMEOUT_S = 30.0
 # A host name per RFC 1123 (labels of letters, digits and inner hyphens) or a dotted IPv4.
 _HOSTNAME = re.compile(r"^(?=.{1,253}$)([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)"
                        r"(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
@@ -37,6 +38,9 @@ class LaunchConfig:
     hosts: tuple[str, ...] = ("127.0.0.1",)
     host_index: int = 0
     grace_s: float = DEFAULT_GRACE_S
+    # --stdin: secrets from stdin's first line, and the end of stdin stops the job
+    stdin: bool = False
+    stdin_timeout_s: float = DEFAULT_STDIN_TIMEOUT_S
 
     @property
     def nnodes(self) -> int:
@@ -85,6 +89,12 @@ def build_parser(prog: str = "python -m ringflow.launch") -> argparse.ArgumentPa
                    help="every host of the job, comma-separated, in rank order")
     p.add_argument("--host-index", dest="host_index", type=int, default=None, metavar="I",
                    help="this host's position in --hosts")
+    p.add_argument("--stdin", action="store_true",
+                   help="read secret variables for the workers from stdin's first line (one "
+                        "JSON object), then keep reading: when stdin ends, stop all ranks")
+    p.add_argument("--stdin-timeout", dest="stdin_timeout", type=float, default=None,
+                   metavar="S", help="seconds to wait for the --stdin line (default: "
+                                     f"{DEFAULT_STDIN_TIMEOUT_S:g})")
     p.add_argument("-m", "--module", action="store_true",
                    help="run the target as a module (python -m), not a script")
     p.add_argument("target", metavar="script.py|module", help="what each worker runs")
@@ -106,6 +116,8 @@ def parse_launch_args(argv: list[str], prog: str = "python -m ringflow.launch",
         base_port=ns.base_port,
         hosts=hosts,
         host_index=_host_index(ns.host_index, hosts, given=ns.hosts is not None),
+        stdin=ns.stdin,
+        stdin_timeout_s=_stdin_timeout(ns.stdin_timeout, ns.stdin),
     )
     validate(config, cwd or Path.cwd())
     return config
@@ -127,6 +139,9 @@ def validate(config: LaunchConfig, cwd: Path) -> None:
                           "agent must compute every rank's endpoint (host:P+local rank) alone")
     if not config.grace_s > 0:
         raise ConfigError(f"the stop grace must be > 0 seconds, got {config.grace_s}")
+    if not 0 < config.stdin_timeout_s < float("inf"):
+        raise ConfigError(f"--stdin-timeout must be a positive number of seconds, "
+                          f"got {config.stdin_timeout_s:g}")
     _validate_target(config, cwd)
     _validate_log_dir(config.log_dir if config.log_dir.is_absolute() else cwd / config.log_dir)
 
@@ -145,6 +160,15 @@ def _parse_hosts(text: str | None) -> tuple[str, ...]:
         raise ConfigError(f"--hosts {text!r} names {', '.join(duplicates)} more than once; "
                           "use --nproc-per-host for several ranks on one host")
     return hosts
+
+
+def _stdin_timeout(seconds: float | None, stdin: bool) -> float:
+    if seconds is None:
+        return DEFAULT_STDIN_TIMEOUT_S
+    if not stdin:
+        raise ConfigError("--stdin-timeout needs --stdin (it bounds the wait for stdin's "
+                          "first line)")
+    return seconds
 
 
 def _is_host(name: str) -> bool:

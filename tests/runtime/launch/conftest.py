@@ -96,15 +96,17 @@ class Launcher:
         return env
 
     def start(self, *args: str, env: dict[str, str] | None = None,
-              command: list[str] | None = None) -> subprocess.Popen:
+              command: list[str] | None = None, stdin: int | None = None) -> subprocess.Popen:
         argv = (command or [sys.executable, "-m", "ringflow.launch"]) + list(args)
-        proc = subprocess.Popen(argv, cwd=self.dir, env=env or self.env(),
+        proc = subprocess.Popen(argv, cwd=self.dir, env=env or self.env(), stdin=stdin,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 start_new_session=True)
         self.procs.append(proc)
         return proc
 
     def finish(self, proc: subprocess.Popen, timeout: float = 30.0) -> Finished:
+        if proc.stdin is not None and proc.stdin.closed:
+            proc.stdin = None  # a test closed it (the end of input); communicate cannot
         out, err = proc.communicate(timeout=timeout)
         return Finished(proc.returncode, out.decode(errors="replace"),
                         err.decode(errors="replace"))
@@ -123,6 +125,8 @@ class Launcher:
         for proc in self.procs:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
+            if proc.stdin is not None and proc.stdin.closed:
+                proc.stdin = None
             proc.communicate(timeout=10)
         leftovers = marked_processes(self.mark)
         for pid in leftovers:

@@ -1,0 +1,122 @@
+"""The launcher's `--stdin` protocol: secrets arrive as the first line on stdin, and the end of
+stdin afterwards means whoever started the launcher (an Airflow task) is gone.
+
+The first line is one JSON object of environment variables (`{"RINGFLOW_JOB_TOKEN": "..."}`,
+possibly `{}`), read with a deadline. Its values are secrets: no message here ever contains
+one, and a key that is not a variable name is not quoted either (it may be a misplaced
+value). After it, `StdinWatch` keeps reading until EOF or a read error.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import select
+import threading
+import time
+from collections.abc import Mapping
+
+from ringflow.errors import ConfigError
+
+STDIN_FD = 0
+DEFAULT_TIMEOUT_S = 30.0
+MAX_LINE_BYTES = 1 << 20
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_EXPECTED = 'one line of JSON object text, e.g. {"RINGFLOW_JOB_TOKEN": "..."} or {}'
+
+
+def encode_secrets(values: Mapping[str, str]) -> bytes:
+    """The first line a launcher started with --stdin expects (what the provider writes)."""
+    return json.dumps(dict(values), separators=(",", ":")).encode() + b"\n"
+
+
+def read_secrets(fd: int = STDIN_FD, timeout_s: float = DEFAULT_TIMEOUT_S) -> dict[str, str]:
+    """Read and parse the first line of `fd` within `timeout_s`; raises ConfigError.
+
+    Bytes after the line are dropped: from then on only the end of the input matters.
+    """
+    return parse_secrets(_read_line(fd, timeout_s))
+
+
+def _read_line(fd: int, timeout_s: float) -> bytes:
+    deadline = time.monotonic() + timeout_s
+    data = bytearray()
+    while b"\n" not in data:
+        if len(data) > MAX_LINE_BYTES:
+            raise ConfigError(f"--stdin: the first line is longer than {MAX_LINE_BYTES} bytes; "
+                              f"expected {_EXPECTED}")
+        left = deadline - time.monotonic()
+        try:
+            ready, _, _ = select.select([fd], [], [], max(0.0, left))
+            chunk = os.read(fd, 65536) if ready else None
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"--stdin: cannot read stdin: {exc}") from None
+        if chunk is None:
+            got = f"{len(data)} bytes without a newline" if data else "nothing"
+            raise ConfigError(f"--stdin: no secrets line on stdin within {timeout_s:g} s "
+                              f"(got {got}); expected {_EXPECTED}")
+        if not chunk:
+            got = f"after {len(data)} bytes without a newline" if data else "before any input"
+            raise ConfigError(f"--stdin: stdin ended {got}; expected {_EXPECTED}")
+        data += chunk
+    return bytes(data[:data.index(b"\n")])
+
+
+def _json_type(value: object) -> str:
+    names = {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}
+    return names.get(type(value), "number")
+
+
+def parse_secrets(line: bytes) -> dict[str, str]:
+    """The variables of one secrets line; errors name keys and types, never values."""
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"--stdin: the secrets line is not UTF-8 (byte {exc.start})") from None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:  # exc.msg never quotes the document
+        raise ConfigError(f"--stdin: the secrets line is not valid JSON at character "
+                          f"{exc.pos} ({exc.msg}); expected {_EXPECTED}") from None
+    if not isinstance(value, dict):
+        raise ConfigError(f"--stdin: the secrets line is a JSON {_json_type(value)}; "
+                          f"expected {_EXPECTED}")
+    for index, (name, item) in enumerate(value.items(), start=1):
+        if not _ENV_NAME.match(name):
+            raise ConfigError(f"--stdin: key {index} of {len(value)} in the secrets line is not "
+                              "an environment variable name ([A-Za-z_][A-Za-z0-9_]*)")
+        if not isinstance(item, str):
+            raise ConfigError(f"--stdin: {name} in the secrets line is a JSON "
+                              f"{_json_type(item)}; expected a string")
+        if "\0" in item:
+            raise ConfigError(f"--stdin: the value of {name} holds a NUL character, which an "
+                              "environment variable cannot carry")
+    return value
+
+
+class StdinWatch(threading.Thread):
+    """Reads `fd` until it ends; `ended` is set then, with `reason` saying how.
+
+    Started only after the workers are spawned: the launcher forks with a preexec_fn, which
+    is unsafe once other threads exist.
+    """
+
+    def __init__(self, fd: int = STDIN_FD) -> None:
+        super().__init__(name="ringflow-stdin-watch", daemon=True)
+        self._fd = fd
+        self.ended = threading.Event()
+        self.reason = ""
+
+    def run(self) -> None:
+        try:
+            while True:
+                try:
+                    if not os.read(self._fd, 65536):
+                        break  # anything before the end is ignored
+                except BlockingIOError:  # someone made the file description non-blocking
+                    select.select([self._fd], [], [])
+            self.reason = "stdin closed"
+        except OSError as exc:
+            self.reason = f"reading stdin failed ({exc.strerror or exc})"
+        self.ended.set()
