@@ -261,6 +261,18 @@ class Executor:
             raise ExecutionError(f"fetch target {missing[0]!r} was not computed by the program")
         return [np.array(scope[name], copy=True) for name in fetch_names]
 
+    def run_count(self, program: Program) -> int:
+        """How many times this executor has run ``program``: random ops (dropout) draw
+        from a generator seeded by it (``KernelContext.rng``)."""
+        return self._run_counts.get(id(program), 0)
+
+    def set_run_count(self, program: Program, count: int) -> None:
+        """Restores the run count a checkpoint saved, so the random ops of the next run
+        draw what an uninterrupted job's would."""
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise ExecutionError(f"set_run_count: count must be an int >= 0, got {count!r}")
+        self._run_counts[id(program)] = count
+
     def _run_ops(self, block, scope: Scope) -> None:
         """The interpreter: for each op, its kernel reads inputs from and writes outputs to
         the scope. A kernel's own exception becomes an ExecutionError naming the op."""

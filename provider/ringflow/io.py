@@ -21,7 +21,7 @@ from .errors import ExecutionError
 from .executor import Scope, global_scope
 from .framework.program import Program, Variable
 
-__all__ = ["load", "save"]
+__all__ = ["load", "save", "write_npz_atomic"]
 
 SUFFIX = ".npz"
 # mkstemp makes files 0600; a checkpoint gets the mode a plain open() would give it.
@@ -60,6 +60,15 @@ def save(program: Program, path: str | os.PathLike, scope: Scope | None = None) 
             raise ExecutionError(f"save {target!r}: variable {v.name!r} holds Python objects "
                                  f"(dtype object); only numeric arrays are saved")
         arrays[v.name] = arr
+    return write_npz_atomic(target, arrays)
+
+
+def write_npz_atomic(target: str | os.PathLike, arrays: dict[str, np.ndarray]) -> str:
+    """Writes ``arrays`` (member name -> numeric array) as the npz file ``target`` (no
+    suffix added): into a temporary file of the same directory, flushed and fsynced, then
+    renamed over ``target``, so a crash leaves the old file or the new one, never a part.
+    Returns ``target`` as a string."""
+    target = os.fspath(target)
     directory = os.path.dirname(os.path.abspath(target))
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(target)}.", suffix=".tmp",

@@ -231,6 +231,18 @@ def test_random_op_draws_new_values_on_each_run(scratch_ops):
     np.testing.assert_array_equal(first, fresh)
 
 
+def test_a_restored_run_count_makes_random_ops_draw_what_that_run_drew(scratch_ops):
+    prog, exe, scope = _rand_program(5), rf.Executor(), rf.Scope()
+    draws = [exe.run(prog, fetch_list=["r"], scope=scope)[0] for _ in range(3)]
+    assert exe.run_count(prog) == 3 and exe.run_count(rf.Program()) == 0
+    resumed = rf.Executor()
+    resumed.set_run_count(prog, 2)
+    np.testing.assert_array_equal(resumed.run(prog, fetch_list=["r"], scope=rf.Scope())[0],
+                                  draws[2])
+    with pytest.raises(ExecutionError, match="count must be an int >= 0, got -1"):
+        resumed.set_run_count(prog, -1)
+
+
 class _HalvingSchedule:
     """The scheduler protocol the executor drives: ``()`` value, ``step()``, ``var_name``."""
 

@@ -129,3 +129,15 @@ def test_saved_file_has_the_mode_of_a_plainly_created_file(trained, tmp_path):
     os.umask(umask)
     path = rf.save(main, tmp_path / "ckpt", scope=scope)
     assert os.stat(path).st_mode & 0o777 == 0o666 & ~umask
+
+
+def test_write_npz_atomic_writes_any_named_arrays_under_the_exact_name(tmp_path):
+    from ringflow.io import write_npz_atomic
+
+    target = tmp_path / "sub" / "shard.bin"
+    assert write_npz_atomic(target, {"file": np.arange(3), "@meta@": np.zeros(2, np.uint8)}) \
+        == str(target)
+    assert os.listdir(tmp_path / "sub") == ["shard.bin"]
+    with np.load(target, allow_pickle=False) as data:
+        assert sorted(data.files) == ["@meta@", "file"]
+        np.testing.assert_array_equal(data["file"], [0, 1, 2])

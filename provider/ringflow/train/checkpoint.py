@@ -1,0 +1,286 @@
+"""Checkpoints of a training job, written so that a crash at any moment leaves the previous
+complete checkpoint usable:
+
+    <checkpoint_dir>/step-<8 digits>/rank-<r>.npz             rank r's shard
+    <checkpoint_dir>/step-<8 digits>/manifest-host-<h>.json   host h's part is complete
+
+A shard holds every persistable variable of the rank's main program (parameters, sharded
+ones as this rank's slice; optimizer moments and beta powers; the learning rate) and, in
+the member ``@train@meta``, JSON with the step, the executor's run count of the main
+program (dropout masks depend on it), the lr scheduler's position and the step's loss. Each
+file is written to a temporary name, fsynced and renamed. After every rank has written its
+shard (a barrier), the local rank 0 of host h (h = rank // ranks per host) writes the
+host's manifest (step, world_size, mp_degree, nnodes, files: shard name -> bytes) last.
+A step is complete when the manifests of all ``nnodes`` hosts of the job that wrote it
+exist and agree and every shard they list has the listed size. The last ``KEEP`` complete
+checkpoints are kept; each host removes its own files (manifest first) from older steps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import tempfile
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .. import io
+from ..errors import ConfigError, RingflowError
+
+KEEP = 2
+META_KEY = "@train@meta"
+_STEP_RE = re.compile(r"^step-(\d{8})$")
+_MANIFEST_INTS = ("step", "world_size", "mp_degree", "nnodes")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """This rank's place: hosts run ``local_size`` consecutive ranks each."""
+
+    rank: int
+    world_size: int
+    mp_degree: int
+    local_size: int
+
+    @property
+    def host(self) -> int:
+        return self.rank // self.local_size
+
+    @property
+    def local_rank(self) -> int:
+        return self.rank % self.local_size
+
+    @property
+    def nnodes(self) -> int:
+        return self.world_size // self.local_size
+
+    @property
+    def host_ranks(self) -> range:
+        return range(self.host * self.local_size, (self.host + 1) * self.local_size)
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A complete checkpoint: its step, directory and the layout of the job that wrote it."""
+
+    step: int
+    path: str
+    world_size: int
+    mp_degree: int
+    nnodes: int
+
+    def shard(self, rank: int) -> str:
+        return os.path.join(self.path, shard_name(rank))
+
+
+def step_path(root: str, step: int) -> str:
+    return os.path.join(root, f"step-{step:08d}")
+
+
+def shard_name(rank: int) -> str:
+    return f"rank-{rank}.npz"
+
+
+def manifest_name(host: int) -> str:
+    return f"manifest-host-{host}.json"
+
+
+# writing ----------------------------------------------------------------------------------
+def write_shard(root: str, step: int, rank: int, arrays: dict[str, np.ndarray],
+                meta: dict[str, Any]) -> str:
+    blob = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
+    return io.write_npz_atomic(os.path.join(step_path(root, step), shard_name(rank)),
+                               {**arrays, META_KEY: blob})
+
+
+def write_manifest(root: str, step: int, layout: Layout) -> str:
+    """Host ``layout.host``'s manifest of ``step``, after its shards are all written."""
+    directory = step_path(root, step)
+    files = {}
+    for rank in layout.host_ranks:
+        name = shard_name(rank)
+        files[name] = os.path.getsize(os.path.join(directory, name))
+    manifest = {"step": step, "world_size": layout.world_size,
+                "mp_degree": layout.mp_degree, "nnodes": layout.nnodes, "files": files}
+    _fsync_dir(directory)  # the shards' renames reach the disk before the manifest's
+    target = os.path.join(directory, manifest_name(layout.host))
+    _write_text_atomic(target, json.dumps(manifest, indent=1) + "\n")
+    _fsync_dir(directory)
+    return target
+
+
+def _write_text_atomic(target: str, text: str) -> None:
+    directory = os.path.dirname(target)
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(target)}.", suffix=".tmp",
+                               dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            os.fchmod(f.fileno(), 0o644)
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def _fsync_dir(directory: str) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# reading ----------------------------------------------------------------------------------
+def read_meta(shard: str) -> dict[str, Any]:
+    with np.load(shard, allow_pickle=False) as npz:
+        return json.loads(npz[META_KEY].tobytes().decode())
+
+
+def _read_manifest(path: str) -> dict[str, Any] | None:
+    """A manifest's content, or None for a missing, torn or malformed one."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            value = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(value, dict) or not isinstance(value.get("files"), dict) or not all(
+            type(value.get(k)) is int for k in _MANIFEST_INTS):
+        return None
+    return value
+
+
+def read_complete(root: str, step: int) -> Checkpoint | None:
+    """The checkpoint of ``step`` if it is complete (see the module docstring), else None."""
+    path = step_path(root, step)
+    first = _read_manifest(os.path.join(path, manifest_name(0)))
+    if first is None or first["nnodes"] < 1:
+        return None
+    shards: set[str] = set()
+    for host in range(first["nnodes"]):
+        manifest = _read_manifest(os.path.join(path, manifest_name(host)))
+        if manifest is None or any(manifest[k] != first[k] for k in _MANIFEST_INTS):
+            return None
+        for name, size in manifest["files"].items():
+            shard = os.path.join(path, name)
+            if not os.path.isfile(shard) or os.path.getsize(shard) != size:
+                return None
+            shards.add(name)
+    if first["step"] != step or shards != {shard_name(r) for r in range(first["world_size"])}:
+        return None
+    return Checkpoint(step, path, first["world_size"], first["mp_degree"], first["nnodes"])
+
+
+def list_steps(root: str) -> list[int]:
+    """Every step that has a folder under ``root``, complete or not, ascending."""
+    try:
+        names = os.listdir(root)
+    except FileNotFoundError:
+        return []
+    return sorted(int(m.group(1)) for m in map(_STEP_RE.match, names) if m)
+
+
+def complete_checkpoints(root: str) -> list[Checkpoint]:
+    found = (read_complete(root, step) for step in list_steps(root))
+    return [c for c in found if c is not None]
+
+
+def latest_checkpoint(root: str) -> Checkpoint | None:
+    """The newest complete checkpoint under ``root`` (None if there is none)."""
+    for step in reversed(list_steps(root)):
+        found = read_complete(root, step)
+        if found is not None:
+            return found
+    return None
+
+
+# removing ---------------------------------------------------------------------------------
+def remove_host_files(root: str, step: int, layout: Layout) -> None:
+    """This host's part of ``step``: its manifest first (the part stops counting as
+    complete), then its shards and any temporary files a killed writer left; the folder
+    goes when it is empty (other hosts may still have files in it)."""
+    path = step_path(root, step)
+    mine = [manifest_name(layout.host)] + [shard_name(r) for r in layout.host_ranks]
+    for name in mine:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(path, name))
+    with contextlib.suppress(FileNotFoundError):
+        for name in os.listdir(path):
+            if name.endswith(".tmp") and any(name.startswith(f".{m}.") for m in mine):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(path, name))
+    with contextlib.suppress(OSError):
+        os.rmdir(path)
+
+
+def prune(root: str, layout: Layout, keep: int = KEEP) -> list[int]:
+    """Removes this host's files of every step older than the ``keep`` newest complete
+    checkpoints; returns those steps."""
+    complete = complete_checkpoints(root)
+    if len(complete) < keep:
+        return []
+    oldest_kept = complete[-keep].step
+    old = [s for s in list_steps(root) if s < oldest_kept]
+    for step in old:
+        remove_host_files(root, step, layout)
+    return old
+
+
+def discard_after(root: str, step: int, layout: Layout) -> list[int]:
+    """Removes this host's files of every step after ``step`` (the point a job starts
+    from): leftovers of an interrupted write, or of a history that restarted."""
+    newer = [s for s in list_steps(root) if s > step]
+    for s in newer:
+        remove_host_files(root, s, layout)
+    return newer
+
+
+class Checkpointer:
+    """Saves and restores one rank's part of a job. ``barrier()`` waits for every rank of
+    the job (the worker passes the global ring's)."""
+
+    def __init__(self, root: str, layout: Layout, program, scope,
+                 barrier: Callable[[], None]) -> None:
+        self.root = os.path.abspath(root)
+        self.layout, self.program, self.scope = layout, program, scope
+        self.barrier = barrier
+
+    def persistables(self) -> dict[str, np.ndarray]:
+        names = {v.name for v in self.program.list_vars() if v.persistable and not v.is_data}
+        return {name: np.asarray(self.scope[name]) for name in sorted(names)}
+
+    def save(self, step: int, meta: dict[str, Any]) -> str:
+        """Every rank writes its shard; then each host's local rank 0 its manifest; then,
+        with the new checkpoint complete everywhere, older ones go. Returns its folder."""
+        write_shard(self.root, step, self.layout.rank, self.persistables(),
+                    {**meta, "step": step, "rank": self.layout.rank})
+        self.barrier()
+        if self.layout.local_rank == 0:
+            write_manifest(self.root, step, self.layout)
+        self.barrier()
+        if self.layout.local_rank == 0:
+            prune(self.root, self.layout)
+        return step_path(self.root, step)
+
+    def restore(self, checkpoint: Checkpoint) -> dict[str, Any]:
+        """Loads this rank's shard into the scope (all or nothing); returns its meta."""
+        shard = checkpoint.shard(self.layout.rank)
+        try:
+            io.load(self.program, shard, self.scope)
+            meta = read_meta(shard)
+        except (RingflowError, OSError, KeyError, ValueError, zipfile.BadZipFile) as exc:
+            raise ConfigError(f"checkpoint {shard} does not fit this job: {exc}") from None
+        if meta.get("rank") != self.layout.rank or meta.get("step") != checkpoint.step:
+            raise ConfigError(f"checkpoint {shard} is rank {meta.get('rank')}'s of step "
+                              f"{meta.get('step')}, expected rank {self.layout.rank}'s of "
+                              f"step {checkpoint.step}")
+        return meta

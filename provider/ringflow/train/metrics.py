@@ -1,0 +1,96 @@
+"""The lines a training job prints for machines, and the parser the Airflow operator uses.
+
+    [train] metric {"step": 40, "loss": 0.41320812702178955, "lr": 0.001,
+                    "samples_per_s": 1850.2, "elapsed_s": 0.69}
+    [train] summary {"final_loss": 0.0871, "steps": 200, "samples_per_s": 1901.7,
+                     "checkpoint": "/ckpt/step-00000200", "resumed_from": null}
+
+Each is one whole line (shown wrapped here). Only rank 0 prints them; the launcher
+prefixes worker lines with ``[rank N] ``, and ``parse_train_line`` accepts both. Floats
+are written by ``json`` at full precision (a float's repr round-trips), so a loss read
+back is bitwise the one the job computed. Other ``[train] `` lines are for people.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from typing import Any, TextIO
+
+PREFIX = "[train] "
+METRIC = "metric"
+SUMMARY = "summary"
+METRIC_KEYS = ("step", "loss", "lr", "samples_per_s", "elapsed_s")
+SUMMARY_KEYS = ("final_loss", "steps", "samples_per_s", "checkpoint", "resumed_from")
+
+# an optional launcher prefix: "[rank 3] " or, gathered over hosts, "[host/rank 3] "
+_LINE_RE = re.compile(r"^(?:\[(?:[^\]/\s]+/)?rank \d+\] )?\[train\] (metric|summary) (\{.*\})$")
+
+
+def format_line(kind: str, payload: dict[str, Any]) -> str:
+    """``[train] <kind> {json}`` (no newline). NaN and infinity are refused: JSON has no
+    such numbers, and a job stops on a non-finite loss before it would log one."""
+    return f"{PREFIX}{kind} {json.dumps(payload, allow_nan=False)}"
+
+
+def parse_train_line(line: str) -> tuple[str, dict[str, Any]] | None:
+    """``("metric" | "summary", payload)`` for a metric or summary line, with or without
+    the launcher's ``[rank N] `` prefix and trailing newline; None for any other line
+    (including one whose JSON does not parse to an object)."""
+    match = _LINE_RE.match(line.rstrip("\r\n"))
+    if match is None:
+        return None
+    try:
+        payload = json.loads(match.group(2))
+    except ValueError:
+        return None
+    return (match.group(1), payload) if isinstance(payload, dict) else None
+
+
+class Reporter:
+    """Rank 0's output: metric lines with rates, human lines, the summary. On other ranks
+    (``enabled=False``) it prints nothing but keeps the same clock."""
+
+    def __init__(self, out: TextIO, enabled: bool, global_batch_size: int) -> None:
+        self.out, self.enabled, self.batch = out, enabled, global_batch_size
+        self.start_clock()
+
+    def start_clock(self) -> None:
+        """Training starts now: ``elapsed_s`` and the rates count from here."""
+        self.started = self._last_time = time.perf_counter()
+        self.steps_run = self._last_step_count = 0
+
+    def say(self, text: str) -> None:
+        """A line for people, ``[train] <text>``."""
+        self._write(PREFIX + text)
+
+    def step_done(self, step: int, loss: float, lr: float, log: bool) -> None:
+        """Counts a trained step; prints its metric line when ``log``. ``samples_per_s`` is
+        the global samples per second since the previous metric line."""
+        self.steps_run += 1
+        if not log:
+            return
+        now = time.perf_counter()
+        done = self.steps_run - self._last_step_count
+        rate = done * self.batch / max(now - self._last_time, 1e-9)
+        self._last_time, self._last_step_count = now, self.steps_run
+        self._write(format_line(METRIC, {"step": step, "loss": loss, "lr": lr,
+                                         "samples_per_s": rate,
+                                         "elapsed_s": now - self.started}))
+
+    def summary(self, final_loss: float | None, steps: int, checkpoint: str | None,
+                resumed_from: int | None) -> dict[str, Any]:
+        """Prints and returns the summary; ``samples_per_s`` is over the steps this run
+        trained (null when it trained none)."""
+        seconds = time.perf_counter() - self.started
+        rate = self.steps_run * self.batch / max(seconds, 1e-9) if self.steps_run else None
+        payload = {"final_loss": final_loss, "steps": steps, "samples_per_s": rate,
+                   "checkpoint": checkpoint, "resumed_from": resumed_from}
+        self._write(format_line(SUMMARY, payload))
+        return payload
+
+    def _write(self, line: str) -> None:
+        if self.enabled:
+            self.out.write(line + "\n")
+            self.out.flush()

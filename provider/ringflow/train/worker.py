@@ -1,0 +1,278 @@
+"""One rank of a training job: build the model, the optimizer and fleet's tensor-parallel
+rewrite from a JobSpec, run the startup program, resume from the newest complete
+checkpoint, then train to the target, printing metric lines (rank 0) and writing
+checkpoints.
+
+Step k (1-based, the ``step`` of its metric line) trains on global batch number k - 1 of
+the job's data (see ``data.py``); the reported loss is the global batch's mean: each
+rank's mean over its rows, all-reduced over the data-parallel ring and divided by the
+data-parallel degree, on every rank, so every rank sees the same bytes and a NaN/inf
+loss stops all of them at the same step.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..distributed.collective.registry import get_ring
+from ..errors import ConfigError
+from .checkpoint import Checkpoint, Checkpointer, Layout, discard_after, latest_checkpoint
+from .checkpoint import read_meta as read_checkpoint_meta
+from .data import NpzData, SyntheticData, local_rows, open_npz
+from .metrics import Reporter
+from .spec import BUILTIN_MODELS, JobSpec
+
+EXIT_OK, EXIT_ERROR, EXIT_CONFIG, EXIT_NONFINITE = 0, 1, 2, 3
+GLOBAL_RING, DP_RING = 1, 2  # TensorParallelOptimizer's rings (mp is 0)
+
+
+class NonFiniteLoss(Exception):
+    """The global loss (or, at a checkpoint, the state) is NaN or infinite."""
+
+    def __init__(self, step: int, what: str) -> None:
+        super().__init__(f"{what} at step {step}")
+        self.step = step
+
+
+@dataclass
+class Job:
+    """What one rank trains with."""
+
+    spec: JobSpec
+    layout: Layout
+    main: Any
+    startup: Any
+    model: Any  # ringflow.models.BuiltModel
+    optimizer: Any
+    data: SyntheticData | NpzData
+    rows: slice
+
+
+def read_layout(spec: JobSpec) -> Layout:
+    """Who this rank is (fleet reads the env contract; without it, a world of one) and
+    whether the spec fits: a ConfigError otherwise."""
+    from ..distributed import fleet
+    from ..distributed.env import int_var
+
+    fleet.init(is_collective=True, strategy=_strategy(spec))
+    world, rank = fleet.worker_num(), fleet.worker_index()
+    local_size = int_var(os.environ, "PADDLE_LOCAL_SIZE", 1, default=world)
+    spec.check_layout(world, local_size)
+    nnodes = int_var(os.environ, "PADDLE_NNODES", 1, default=world // local_size)
+    if nnodes * local_size != world:
+        raise ConfigError(f"PADDLE_NNODES={nnodes} hosts of PADDLE_LOCAL_SIZE={local_size} "
+                          f"ranks do not make the world size {world}")
+    return Layout(rank, world, spec.tensor_parallel_degree, local_size)
+
+
+def _strategy(spec: JobSpec):
+    from ..distributed.strategy import DistributedStrategy
+
+    strategy = DistributedStrategy()
+    strategy.tensor_parallel = True  # with degree 1: plain data parallelism
+    strategy.tensor_parallel_configs = {"tensor_parallel_degree": spec.tensor_parallel_degree}
+    return strategy
+
+
+def build_model(spec: JobSpec):
+    """The BuiltModel of the spec, built into the default programs."""
+    if spec.model in BUILTIN_MODELS:
+        from .. import models
+
+        builder = getattr(models, spec.model)
+    else:
+        builder = _import_builder(spec.model)
+    try:
+        model = builder(mp_degree=spec.tensor_parallel_degree, dtype=spec.dtype,
+                        **spec.model_args)
+    except TypeError as exc:
+        raise ConfigError(f"model {spec.model}: {exc}") from None
+    if not all(hasattr(model, a) for a in ("loss", "feeds", "make_batch")):
+        raise ConfigError(f"model {spec.model} returned {type(model).__name__}, not a "
+                          f"ringflow.models.BuiltModel (loss, feeds, make_batch)")
+    return model
+
+
+def _import_builder(target: str):
+    module_name, _, attr = target.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"model {target}: cannot import {module_name}: {exc}") from None
+    builder = getattr(module, attr, None)
+    if not callable(builder):
+        raise ConfigError(f"model {target}: {module_name} has no function {attr!r}")
+    return builder
+
+
+def build_job(spec: JobSpec, layout: Layout) -> Job:
+    from ..distributed import fleet
+    from ..framework.program import Program, program_guard
+
+    main, startup = Program(), Program()
+    main.random_seed = startup.random_seed = spec.seed
+    with program_guard(main, startup):
+        model = build_model(spec)
+        optimizer = spec.build_optimizer()
+        fleet.distributed_optimizer(optimizer).minimize(model.loss)
+    if spec.data == "synthetic":
+        data: SyntheticData | NpzData = SyntheticData(model.make_batch, spec.seed,
+                                                      spec.global_batch_size)
+    else:
+        feeds = {name: main.global_block().var(name) for name in model.feeds}
+        data = open_npz(spec.data, feeds, spec.seed, spec.global_batch_size)
+    dp = spec.dp_degree(layout.world_size)
+    rows = local_rows(spec.global_batch_size, layout.rank // layout.mp_degree, dp)
+    return Job(spec, layout, main, startup, model, optimizer, data, rows)
+
+
+def find_start(spec: JobSpec, layout: Layout) -> Checkpoint | None:
+    """The checkpoint to resume from: the newest complete one, if resuming. One written by
+    another (world size, degree) is a ConfigError naming both."""
+    if not (spec.checkpoint_dir and spec.resume):
+        return None
+    found = latest_checkpoint(os.path.abspath(spec.checkpoint_dir))
+    if found is not None and (found.world_size, found.mp_degree) != (
+            layout.world_size, layout.mp_degree):
+        raise ConfigError(
+            f"checkpoint {found.path} was written by a job of world size {found.world_size} "
+            f"with tensor_parallel_degree {found.mp_degree}; this job has world size "
+            f"{layout.world_size} with tensor_parallel_degree {layout.mp_degree}: run it with "
+            f"the same layout, or set resume to false or another checkpoint_dir")
+    return found
+
+
+def run(spec: JobSpec) -> int:
+    """Trains one rank of the job described by ``spec``; returns the exit code."""
+    layout = read_layout(spec)
+    job = build_job(spec, layout)
+    start = find_start(spec, layout)
+    report = Reporter(sys.stdout, layout.rank == 0, spec.global_batch_size)
+    _describe(report, spec, layout)
+    if start is not None and start.step >= spec.steps:
+        meta = read_checkpoint_meta(start.shard(layout.rank))
+        report.say(f"checkpoint step {start.step} is at or past the target of {spec.steps} "
+                   f"steps: nothing to train: {start.path}")
+        report.summary(meta.get("loss"), start.step, start.path, start.step)
+        return EXIT_OK
+    return Trainer(job, report).run(start)
+
+
+def _describe(report: Reporter, spec: JobSpec, layout: Layout) -> None:
+    dp = spec.dp_degree(layout.world_size)
+    report.say(f"job: model {spec.model}, {layout.world_size} rank(s) = tensor parallel "
+               f"{layout.mp_degree} x data parallel {dp} on {layout.nnodes} host(s), global "
+               f"batch {spec.global_batch_size}, {spec.steps} steps, data {spec.data}, "
+               f"optimizer {spec.optimizer['type']}, {spec.dtype}, seed {spec.seed}")
+
+
+class Trainer:
+    """The loop of one rank, from a fresh start or a checkpoint to ``spec.steps``."""
+
+    def __init__(self, job: Job, report: Reporter) -> None:
+        from ..executor import Executor, Scope
+
+        self.job, self.report = job, report
+        self.spec = job.spec
+        self.exe, self.scope = Executor(), Scope()
+        self.checkpoints = None
+        if self.spec.checkpoint_dir:
+            self.checkpoints = Checkpointer(self.spec.checkpoint_dir, job.layout, job.main,
+                                            self.scope, self._barrier)
+        self.last_checkpoint: str | None = None
+
+    def run(self, start: Checkpoint | None) -> int:
+        self.exe.run(self.job.startup, scope=self.scope)
+        step, loss = self._restore(start) if start is not None else (0, None)
+        if self.checkpoints is not None:
+            self._discard_after(step)
+        self.report.start_clock()
+        try:
+            loss = self._train_from(step, loss)
+        except NonFiniteLoss as exc:
+            where = self.last_checkpoint or "none (no checkpoint was written)"
+            print(f"[train] error: stopping: the {exc}; last good checkpoint: {where}",
+                  file=sys.stderr, flush=True)
+            return EXIT_NONFINITE
+        self.report.summary(loss, self.spec.steps, self.last_checkpoint,
+                            None if start is None else start.step)
+        return EXIT_OK
+
+    def _restore(self, start: Checkpoint) -> tuple[int, float | None]:
+        meta = self.checkpoints.restore(start)
+        self.exe.set_run_count(self.job.main, int(meta["run_count"]))
+        scheduler = self.job.main.lr_scheduler
+        if scheduler is not None and meta.get("lr_epoch") is not None:
+            scheduler.step(int(meta["lr_epoch"]))  # the position; the rate recomputed
+        self.last_checkpoint = start.path
+        self.report.say(f"resuming from step {start.step}: {start.path}")
+        return start.step, meta.get("loss")
+
+    def _discard_after(self, step: int) -> None:
+        """Steps after the start point are leftovers (an interrupted write, or a history
+        this job replaces); each host removes its own, then every rank waits."""
+        if self.job.layout.local_rank == 0:
+            removed = discard_after(self.checkpoints.root, step, self.job.layout)
+            for s in removed:
+                self.report.say(f"removed checkpoint folder step-{s:08d}: it is after the "
+                                f"start point (step {step})")
+        self._barrier()
+
+    def _train_from(self, done: int, loss: float | None) -> float | None:
+        spec = self.spec
+        for step in range(done + 1, spec.steps + 1):
+            lr = self.job.optimizer.get_lr()
+            loss = self._step(step)
+            last = step == spec.steps
+            logged = step == done + 1 or step % spec.log_every == 0 or last
+            self.report.step_done(step, loss, lr, logged)
+            if self.checkpoints is not None and (step % spec.checkpoint_every == 0 or last):
+                self._checkpoint(step, loss)
+        return loss
+
+    def _step(self, step: int) -> float:
+        job = self.job
+        feed = job.data.batch(step - 1, job.rows)
+        # A NaN/inf is reported once, by the check below, not as numpy warnings per op.
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            value, = self.exe.run(job.main, feed=feed, fetch_list=[job.model.loss],
+                                  scope=self.scope)
+        dp = self.spec.dp_degree(job.layout.world_size)
+        if dp > 1:
+            get_ring(DP_RING).all_reduce(value)
+            value /= dp
+        loss = float(value.reshape(-1)[0])
+        if not math.isfinite(loss):
+            raise NonFiniteLoss(step, f"loss is {loss} (the global batch's mean)")
+        return loss
+
+    def _checkpoint(self, step: int, loss: float) -> None:
+        if not self._state_finite():
+            raise NonFiniteLoss(step, "parameters or optimizer state are not finite after "
+                                      "the update")
+        scheduler = self.job.main.lr_scheduler
+        meta = {"run_count": self.exe.run_count(self.job.main), "loss": loss,
+                "lr_epoch": None if scheduler is None else scheduler.last_epoch,
+                "world_size": self.job.layout.world_size,
+                "mp_degree": self.job.layout.mp_degree}
+        self.last_checkpoint = self.checkpoints.save(step, meta)
+        self.report.say(f"checkpoint step {step}: {self.last_checkpoint}")
+
+    def _state_finite(self) -> bool:
+        """Whether every rank's persistable state is finite (agreed over the global ring)."""
+        bad = sum(int(not np.all(np.isfinite(a)))
+                  for a in self.checkpoints.persistables().values() if a.dtype.kind == "f")
+        flag = np.array([bad], dtype=np.int64)
+        get_ring(GLOBAL_RING).all_reduce(flag)
+        return int(flag[0]) == 0
+
+    @staticmethod
+    def _barrier() -> None:
+        get_ring(GLOBAL_RING).barrier()

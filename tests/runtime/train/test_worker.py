@@ -1,0 +1,187 @@
+"""The worker in a world of one (``main`` called in this process): it trains exactly the
+model on the documented batches, logs the steps it should, resumes a finished or extended
+job from its checkpoint, stops on a NaN/inf loss naming the step and the last good
+checkpoint, and answers a bad spec with one line and exit code 2."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pytest
+
+import ringflow as rf
+from ringflow.train.checkpoint import latest_checkpoint, list_steps
+from tests.runtime.train.conftest import GPT_ARGS, MLP_ARGS
+
+BASE = {"model": "mlp", "model_args": MLP_ARGS, "dtype": "float64", "global_batch_size": 8,
+        "seed": 3, "optimizer": {"type": "adam", "learning_rate": 0.01}}
+
+
+def test_the_job_trains_the_model_on_its_seeded_batches(train_here):
+    out = train_here({**BASE, "steps": 6, "log_every": 1})
+    main, startup = rf.Program(), rf.Program()
+    main.random_seed = startup.random_seed = 3
+    with rf.program_guard(main, startup):
+        model = rf.models.mlp(**MLP_ARGS, dtype="float64")
+        rf.optimizer.Adam(0.01).minimize(model.loss)
+    scope, exe = rf.Scope(), rf.Executor()
+    exe.run(startup, scope=scope)
+    expected = [float(exe.run(main, feed=model.make_batch(3, s, 8), fetch_list=[model.loss],
+                              scope=scope)[0][0]) for s in range(6)]
+    assert out.code == 0, out.stderr
+    assert [out.losses[s] for s in range(1, 7)] == expected      # bitwise
+    assert out.summary["final_loss"] == expected[-1] and out.summary["steps"] == 6
+
+
+def test_metric_lines_at_step_one_every_log_every_and_the_last(train_here):
+    out = train_here({**BASE, "steps": 12, "log_every": 5})
+    assert [m["step"] for m in out.metrics] == [1, 5, 10, 12]
+    for m in out.metrics:
+        assert list(m) == ["step", "loss", "lr", "samples_per_s", "elapsed_s"]
+        assert m["lr"] == 0.01 and m["samples_per_s"] > 0 and m["elapsed_s"] >= 0
+    assert out.summary == {"final_loss": out.losses[12], "steps": 12,
+                           "samples_per_s": out.summary["samples_per_s"],
+                           "checkpoint": None, "resumed_from": None}
+
+
+def test_the_lr_reported_is_the_rate_of_that_step(train_here):
+    out = train_here({"model": "transformer", "model_args": GPT_ARGS, "steps": 6,
+                      "log_every": 1, "global_batch_size": 4,
+                      "optimizer": {"type": "adamw", "learning_rate": 0.02},
+                      "lr_schedule": {"type": "linear_warmup", "warmup_steps": 4}})
+    assert out.code == 0, out.stderr
+    assert [m["lr"] for m in out.metrics] == pytest.approx([0, 0.005, 0.01, 0.015, 0.02, 0.02])
+    assert out.losses[1] > out.losses[6]
+
+
+def test_a_finished_job_ends_at_once_with_its_summary(train_here, tmp_path):
+    spec = {**BASE, "steps": 6, "checkpoint_dir": str(tmp_path / "ck"), "checkpoint_every": 4}
+    first = train_here(spec)
+    again = train_here(spec)
+    fewer = train_here({**spec, "steps": 5})
+    path = str(tmp_path / "ck" / "step-00000006")
+    assert first.summary["checkpoint"] == path
+    for out in (again, fewer):
+        assert out.code == 0 and out.metrics == []
+        assert out.summary == {"final_loss": first.summary["final_loss"], "steps": 6,
+                               "samples_per_s": None, "checkpoint": path, "resumed_from": 6}
+    assert "[train] checkpoint step 6 is at or past the target of 5 steps" in fewer.stdout
+
+
+def test_a_larger_target_continues_bitwise_like_one_longer_job(train_here, tmp_path):
+    spec = {**BASE, "steps": 10, "log_every": 1, "model_args": {**MLP_ARGS, "dropout": 0.2},
+            "lr_schedule": {"type": "step", "step_size": 3, "gamma": 0.5}, "grad_clip": 0.5}
+    whole = train_here(spec)
+    ck = {**spec, "checkpoint_dir": str(tmp_path / "ck"), "checkpoint_every": 4}
+    part = train_here({**ck, "steps": 6})
+    rest = train_here(ck)
+    assert part.code == rest.code == 0, part.stderr + rest.stderr
+    assert f"[train] resuming from step 6: {tmp_path / 'ck' / 'step-00000006'}" in rest.stdout
+    assert rest.summary["resumed_from"] == 6 and rest.summary["steps"] == 10
+    assert {**part.losses, **rest.losses} == whole.losses                   # bitwise
+    assert [m["step"] for m in rest.metrics] == [7, 8, 9, 10]
+    assert [m["lr"] for m in rest.metrics] == [m["lr"] for m in whole.metrics[6:]]
+    assert list_steps(str(tmp_path / "ck")) == [8, 10]                      # the last two
+
+
+def test_a_nan_loss_stops_the_job_naming_the_step_and_last_checkpoint(train_here, tmp_path):
+    out = train_here({**BASE, "steps": 50, "log_every": 1, "checkpoint_every": 1,
+                      "checkpoint_dir": str(tmp_path / "ck"),
+                      "optimizer": {"type": "sgd", "learning_rate": 1e12}})
+    assert out.code == 3 and out.summaries == []
+    match = re.fullmatch(r"\[train\] error: stopping: the (.*) at step (\d+); last good "
+                         r"checkpoint: (\S+)\n", out.stderr)
+    assert match, out.stderr
+    what, step, where = match.groups()
+    assert int(step) == len(out.metrics) + 1 or "not finite after the update" in what
+    assert where == latest_checkpoint(str(tmp_path / "ck")).path
+    with np.load(f"{where}/rank-0.npz") as npz:
+        assert all(np.isfinite(npz[k]).all() for k in npz.files)
+
+
+def test_an_inf_in_the_data_stops_at_step_one_with_no_checkpoint(train_here, tmp_path):
+    x = np.ones((8, MLP_ARGS["input_size"]))
+    x[5, 2] = np.inf
+    np.savez(tmp_path / "d.npz", x=x, y=np.zeros(8, np.int64))
+    out = train_here({**BASE, "data": str(tmp_path / "d.npz"), "steps": 3,
+                      "checkpoint_dir": str(tmp_path / "ck")})
+    assert out.code == 3 and out.metrics == []
+    assert out.stderr == ("[train] error: stopping: the loss is nan (the global batch's "
+                          "mean) at step 1; last good checkpoint: none (no checkpoint was "
+                          "written)\n")
+
+
+def test_an_npz_job_trains_on_the_files_rows(train_here, tmp_path):
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "d.npz", x=rng.standard_normal((20, MLP_ARGS["input_size"])),
+             y=rng.integers(0, 8, 20))
+    out = train_here({**BASE, "data": str(tmp_path / "d.npz"), "steps": 30, "log_every": 10})
+    assert out.code == 0, out.stderr
+    assert out.losses[30] < 0.5 * out.losses[1]      # 20 points are learnt by heart
+
+
+def test_resume_with_another_layout_is_refused_naming_both(train_here, tmp_path):
+    step = tmp_path / "ck" / "step-00000004"
+    step.mkdir(parents=True)
+    for r in range(2):
+        (step / f"rank-{r}.npz").write_bytes(b"x")
+    (step / "manifest-host-0.json").write_text(json.dumps(
+        {"step": 4, "world_size": 2, "mp_degree": 2, "nnodes": 1,
+         "files": {"rank-0.npz": 1, "rank-1.npz": 1}}))
+    out = train_here({**BASE, "checkpoint_dir": str(tmp_path / "ck")})
+    assert out.code == 2 and out.stdout.count("\n") <= 1
+    assert out.stderr == (
+        f"python -m ringflow.train: error: checkpoint {step} was written by a job of world "
+        f"size 2 with tensor_parallel_degree 2; this job has world size 1 with "
+        f"tensor_parallel_degree 1: run it with the same layout, or set resume to false or "
+        f"another checkpoint_dir\n")
+
+
+def test_resume_false_starts_over_and_replaces_later_checkpoints(train_here, tmp_path):
+    spec = {**BASE, "steps": 8, "checkpoint_every": 4, "checkpoint_dir": str(tmp_path / "ck")}
+    first = train_here(spec)
+    again = train_here({**spec, "steps": 4, "resume": False})
+    assert again.summary["resumed_from"] is None and again.losses[1] == first.losses[1]
+    assert "removed checkpoint folder step-00000008: it is after the start point (step 0)" \
+        in again.stdout
+    assert list_steps(str(tmp_path / "ck")) == [4]
+
+
+def test_a_model_builder_named_by_module_and_function(train_here, tmp_path):
+    gate = tmp_path / "gate"
+    gate.touch()
+    builtin = train_here({**BASE, "steps": 3, "log_every": 1})
+    custom = train_here({**BASE, "steps": 3, "log_every": 1,
+                         "model": "tests.runtime.train.gated_model:build",
+                         "model_args": {**MLP_ARGS, "gate": str(gate), "gate_step": 1}})
+    assert custom.code == 0 and custom.losses == builtin.losses
+
+
+@pytest.mark.parametrize("spec, message", [
+    ({"steps": 0}, "steps must be an integer >= 1, got 0"),
+    ({"model": "no_such_pkg.mod:build"}, "model no_such_pkg.mod:build: cannot import "
+                                         "no_such_pkg.mod"),
+    ({"model": "mlp", "model_args": {"hidden_size": 0}},
+     "model_args.hidden_size must be an integer >= 1, got 0"),
+    ({"model": "json:dumps"}, "model json:dumps: dumps() missing 1 required positional "
+                              "argument: 'obj'"),
+])
+def test_a_bad_spec_is_one_error_line_and_exit_code_2(train_here, spec, message):
+    out = train_here(spec)
+    assert out.code == 2 and out.metrics == []
+    assert out.stderr.startswith(f"python -m ringflow.train: error: {message}")
+    assert out.stderr.count("\n") == 1 and "Traceback" not in out.stderr
+
+
+def test_the_command_line_wants_exactly_one_spec(capsys):
+    from ringflow.train.__main__ import main
+
+    assert main([], prog="ringflow train") == 2
+    assert capsys.readouterr().err == ("ringflow train: error: expected one argument, the job "
+                                       "spec SPEC.json; got 0\n")
+    assert main(["a.json", "b.json"]) == 2
+    assert "got 2: a.json b.json" in capsys.readouterr().err
+    assert main(["--help"]) == 0
+    assert capsys.readouterr().out.startswith("usage: python -m ringflow.train SPEC.json")
