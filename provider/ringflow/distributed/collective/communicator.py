@@ -64,7 +64,8 @@ class Communicator:
         self.endpoints = eps
         self.settings = settings
         self.ctx = OpContext(rank, ring_id, "init", host=str(eps[rank]))
-        self._job_id, self._token = job_id, token
+        self._job_id = job_id
+        self._key = rendezvous.JobKey(job_id, token)
         self._link: TcpLink | None = None
         self._local: IntraHost | None = None
         self._segments: list[shm.Segment] = []
@@ -84,8 +85,8 @@ class Communicator:
         n, pos = self.nranks, self.pos
         right, left = self.order[(pos + 1) % n], self.order[(pos - 1) % n]
         deadline = Deadline(self.settings.rendezvous_timeout)
-        listener = rendezvous.listener_for(self.endpoints[self.rank], self._token, self.rank)
-        rsock, rpid = rendezvous.connect(self.endpoints[right], self._token,
+        listener = rendezvous.listener_for(self.endpoints[self.rank], self._key, self.rank)
+        rsock, rpid = rendezvous.connect(self.endpoints[right], self._key,
                                          rendezvous.KIND_RING, self.ring_id, self.rank, right,
                                          deadline, self.ctx)
         lsock, lpid = listener.accept(self.ring_id, rendezvous.KIND_RING, left, deadline,
@@ -291,7 +292,7 @@ class Communicator:
         sock = self._p2p.get(("to", dst))
         if sock is None:
             deadline = Deadline(self.settings.rendezvous_timeout)
-            sock, _ = rendezvous.connect(self.endpoints[dst], self._token, rendezvous.KIND_P2P,
+            sock, _ = rendezvous.connect(self.endpoints[dst], self._key, rendezvous.KIND_P2P,
                                          self.ring_id, self.rank, dst, deadline, self.ctx)
             sock.settimeout(self.settings.comm_timeout)
             self._p2p[("to", dst)] = sock
@@ -310,7 +311,7 @@ class Communicator:
     def _recv(self, work: np.ndarray, src: int) -> None:
         sock = self._p2p.get(("from", src))
         if sock is None:
-            listener = rendezvous.listener_for(self.endpoints[self.rank], self._token, self.rank)
+            listener = rendezvous.listener_for(self.endpoints[self.rank], self._key, self.rank)
             sock, _ = listener.accept(self.ring_id, rendezvous.KIND_P2P, src,
                                       Deadline(self.settings.rendezvous_timeout), self.ctx)
             sock.settimeout(self.settings.comm_timeout)
