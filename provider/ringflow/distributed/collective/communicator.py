@@ -102,7 +102,7 @@ class Communicator:
         """Shared-memory hops between neighbours of one host in a ring that spans hosts."""
         here = self._ips[self.rank]
         to_right, from_left = self._ips[right] == here, self._ips[left] == here
-        tag = shm.members_tag(self.endpoints)
+        tag = self._shm_tag()
         name = [shm.channel_name(self._job_id, self.ring_id, tag, p) for p in range(self.nranks)]
         own = shm.create_segment(name[self.pos], SLOT_BYTES) if from_left else None
         try:
@@ -130,8 +130,12 @@ class Communicator:
         if to_right or from_left:
             self.transport = "tcp+shm"
 
+    def _shm_tag(self) -> str:
+        # which communicator of the job (ring ids repeat across mp groups), unguessable
+        return self._key.tag(b"shm", str(self.ring_id), *map(str, self.endpoints))
+
     def _map_segments(self) -> None:
-        tag = shm.members_tag(self.endpoints)
+        tag = self._shm_tag()
         names = [shm.segment_name(self._job_id, self.ring_id, tag, p) for p in range(self.nranks)]
         own = shm.create_segment(names[self.pos], SLOT_BYTES)
         try:

@@ -86,6 +86,11 @@ class JobKey:
                          struct.pack("!Bii", kind, ring, rank), client_nonce, server_nonce))
         return hmac.new(self._token, msg, hashlib.sha256).digest()
 
+    def tag(self, label: bytes, *parts: str) -> str:
+        """A short name part nobody without the token can compute (shared-memory names)."""
+        msg = b"|".join((b"ringflow/" + label, self.digest, *(p.encode() for p in parts)))
+        return hmac.new(self._token, msg, hashlib.sha256).hexdigest()[:16]
+
     def __repr__(self) -> str:
         return f"JobKey(digest={self.digest.hex()})"
 
