@@ -24,9 +24,21 @@ from .framework.program import Program, Variable
 __all__ = ["load", "save", "write_npz_atomic"]
 
 SUFFIX = ".npz"
-# mkstemp makes files 0600; a checkpoint gets the mode a plain open() would give it.
-_UMASK = os.umask(0o022)
-os.umask(_UMASK)
+
+
+def current_umask() -> int:
+    """The process's umask, read without changing it (Linux: /proc/self/status). mkstemp
+    makes files 0600; a checkpoint gets the mode a plain open() would give it."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)   # elsewhere: read by setting, put back at once
+    os.umask(mask)
+    return mask
 
 
 def checkpoint_path(path: str | os.PathLike) -> str:
@@ -75,7 +87,7 @@ def write_npz_atomic(target: str | os.PathLike, arrays: dict[str, np.ndarray]) -
                                dir=directory)
     try:
         with os.fdopen(fd, "wb") as f:
-            os.fchmod(f.fileno(), 0o666 & ~_UMASK)
+            os.fchmod(f.fileno(), 0o666 & ~current_umask())
             _write_npz(f, arrays)
             f.flush()
             os.fsync(f.fileno())

@@ -44,6 +44,11 @@ class CommSettings:
     rendezvous_timeout: float = 120.0
     heartbeat_timeout: float = 20.0
     transport: str = "auto"  # "auto" (shm between ranks of one IP, else tcp) or "tcp"
+    # sizes of the algorithms (tests lower them to exercise many rounds)
+    segment_bytes: int = 1 << 20     # a TCP ring segment
+    slot_bytes: int = 1 << 20        # a shared-memory slot
+    shm_small_bytes: int = 64 << 10  # up to this, shared memory hands off in one round
+    tcp_small_bytes: int = 16 << 10  # up to this, the TCP ring circulates buffers whole
 
 
 _REQUIRED = object()
@@ -160,4 +165,8 @@ def comm_settings(environ: Mapping[str, str] | None = None) -> CommSettings:
         rendezvous_timeout=_float_var(environ, "RINGFLOW_RENDEZVOUS_TIMEOUT", 120.0),
         heartbeat_timeout=_float_var(environ, "RINGFLOW_HEARTBEAT_TIMEOUT", 20.0),
         transport="tcp" if transport == "tcp" else "auto",
+        segment_bytes=int_var(environ, "RINGFLOW_SEGMENT_BYTES", 64, default=1 << 20),
+        slot_bytes=int_var(environ, "RINGFLOW_SHM_SLOT_BYTES", 64, default=1 << 20),
+        shm_small_bytes=int_var(environ, "RINGFLOW_SHM_SMALL_BYTES", 0, default=64 << 10),
+        tcp_small_bytes=int_var(environ, "RINGFLOW_TCP_SMALL_BYTES", 0, default=16 << 10),
     )

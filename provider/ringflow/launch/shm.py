@@ -1,10 +1,13 @@
 """Removal of a job's shared-memory segments (`/dev/shm/ringflow-<job id>-*`) that a crashed
 rank left behind; run by the launcher when a job ends and by its watchdog if it was killed.
+Only segments of this user, regular files, whose creating process is gone are removed: never
+another user's file, a symlink, or a segment a live process still holds.
 """
 
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 SHM_DIR = Path("/dev/shm")
@@ -21,12 +24,24 @@ def job_segments(job_id: str, shm_dir: Path = SHM_DIR) -> list[Path]:
 
 
 def sweep_job_segments(job_id: str, shm_dir: Path = SHM_DIR) -> list[str]:
-    """Unlink the job's segments; returns the names removed."""
+    """Unlink the job's dead segments of this user; returns the names removed."""
+    from ringflow.distributed.collective.transport.base import process_state
+    from ringflow.distributed.collective.transport.shm import creator_pid
+
     removed = []
     for path in job_segments(job_id, shm_dir):
+        try:
+            st = path.lstat()
+        except FileNotFoundError:
+            continue  # a rank unlinked it in the meantime
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
+            continue
+        holder = creator_pid(str(path))
+        if holder > 0 and holder != os.getpid() and process_state(holder) not in (None, "Z", "X"):
+            continue
         try:
             os.unlink(path)
             removed.append(path.name)
         except FileNotFoundError:
-            pass  # a rank unlinked it in the meantime
+            pass
     return removed

@@ -120,7 +120,8 @@ def test_a_wrong_job_token_is_refused_and_logged_without_the_token(spawn):
     codes = job.wait(timeout=30)
     assert codes == [17, 17], job.output()
     out = job.output()
-    assert "wrong job token" in out
+    # the first rank to dial the other finds it cannot prove the token, and names it
+    assert "could not prove it holds this job's token" in out
     assert job.token not in out and "not-the-job-token-0123456789" not in out
     assert_nothing_left(job)
 

@@ -6,7 +6,6 @@ collectives on numpy arrays.
 
 from __future__ import annotations
 
-import os
 import socket
 import struct
 from collections.abc import Sequence
@@ -27,10 +26,6 @@ from ringflow.distributed.env import CommSettings, Endpoint, parse_endpoint
 from ringflow.errors import CommError, ExecutionError
 
 SUPPORTED = {np.dtype(t) for t in ("float16", "float32", "float64", "int32", "int64")}
-SEGMENT_BYTES = int(os.environ.get("RINGFLOW_SEGMENT_BYTES", 1 << 20))
-SLOT_BYTES = int(os.environ.get("RINGFLOW_SHM_SLOT_BYTES", 1 << 20))
-SMALL_BYTES = int(os.environ.get("RINGFLOW_SHM_SMALL_BYTES", 64 << 10))
-TCP_SMALL_BYTES = int(os.environ.get("RINGFLOW_TCP_SMALL_BYTES", 16 << 10))
 _P2P_HEADER = struct.Struct("!q8s")
 
 
@@ -64,7 +59,8 @@ class Communicator:
         self.endpoints = eps
         self.settings = settings
         self.ctx = OpContext(rank, ring_id, "init", host=str(eps[rank]))
-        self._job_id, self._token = job_id, token
+        self._job_id = job_id
+        self._key = rendezvous.JobKey(job_id, token)
         self._link: TcpLink | None = None
         self._local: IntraHost | None = None
         self._segments: list[shm.Segment] = []
@@ -84,8 +80,8 @@ class Communicator:
         n, pos = self.nranks, self.pos
         right, left = self.order[(pos + 1) % n], self.order[(pos - 1) % n]
         deadline = Deadline(self.settings.rendezvous_timeout)
-        listener = rendezvous.listener_for(self.endpoints[self.rank], self._token, self.rank)
-        rsock, rpid = rendezvous.connect(self.endpoints[right], self._token,
+        listener = rendezvous.listener_for(self.endpoints[self.rank], self._key, self.rank)
+        rsock, rpid = rendezvous.connect(self.endpoints[right], self._key,
                                          rendezvous.KIND_RING, self.ring_id, self.rank, right,
                                          deadline, self.ctx)
         lsock, lpid = listener.accept(self.ring_id, rendezvous.KIND_RING, left, deadline,
@@ -101,13 +97,13 @@ class Communicator:
         """Shared-memory hops between neighbours of one host in a ring that spans hosts."""
         here = self._ips[self.rank]
         to_right, from_left = self._ips[right] == here, self._ips[left] == here
-        tag = shm.members_tag(self.endpoints)
+        tag = self._shm_tag()
         name = [shm.channel_name(self._job_id, self.ring_id, tag, p) for p in range(self.nranks)]
-        own = shm.create_segment(name[self.pos], SLOT_BYTES) if from_left else None
+        own = shm.create_segment(name[self.pos], self.settings.slot_bytes) if from_left else None
         try:
             self._tcp_barrier()  # every channel exists
-            peer_seg = shm.open_segment(name[(self.pos + 1) % self.nranks], SLOT_BYTES) \
-                if to_right else None
+            peer_seg = shm.open_segment(name[(self.pos + 1) % self.nranks],
+                                        self.settings.slot_bytes) if to_right else None
             self._tcp_barrier()  # every channel is mapped by both ends
         finally:
             shm.unlink(name[self.pos])
@@ -129,13 +125,17 @@ class Communicator:
         if to_right or from_left:
             self.transport = "tcp+shm"
 
+    def _shm_tag(self) -> str:
+        # which communicator of the job (ring ids repeat across mp groups), unguessable
+        return self._key.tag(b"shm", str(self.ring_id), *map(str, self.endpoints))
+
     def _map_segments(self) -> None:
-        tag = shm.members_tag(self.endpoints)
+        tag = self._shm_tag()
         names = [shm.segment_name(self._job_id, self.ring_id, tag, p) for p in range(self.nranks)]
-        own = shm.create_segment(names[self.pos], SLOT_BYTES)
+        own = shm.create_segment(names[self.pos], self.settings.slot_bytes)
         try:
             self._tcp_barrier()  # every segment exists
-            segs = [own if p == self.pos else shm.open_segment(names[p], SLOT_BYTES)
+            segs = [own if p == self.pos else shm.open_segment(names[p], self.settings.slot_bytes)
                     for p in range(self.nranks)]
             self._tcp_barrier()  # every peer has mapped every segment
         finally:
@@ -152,11 +152,12 @@ class Communicator:
             self._link.check()
             watch.check()
 
-        self._local = IntraHost(segs, self.pos, self.order, self.ctx, check, SMALL_BYTES)
+        self._local = IntraHost(segs, self.pos, self.order, self.ctx, check,
+                                self.settings.shm_small_bytes)
 
     def _tcp_barrier(self) -> None:
         token = np.zeros(self.nranks, dtype=np.int64)  # one element per chunk: n-1 real hops
-        plan = ring.ring_plan(token.size, self.nranks, 8, SEGMENT_BYTES)
+        plan = ring.ring_plan(token.size, self.nranks, 8, self.settings.segment_bytes)
         ring.ring_all_reduce(token, np.add, self._link, self.pos, self.nranks, plan,
                              Deadline(self.settings.rendezvous_timeout))
 
@@ -197,11 +198,11 @@ class Communicator:
         if self._local is not None:
             self._local.all_reduce(flat, ufunc, self._deadline())
             return
-        if flat.nbytes <= TCP_SMALL_BYTES:
+        if flat.nbytes <= self.settings.tcp_small_bytes:
             ring.ring_all_reduce_small(flat, ufunc, self._link, self.pos, self.nranks,
                                        self._deadline())
             return
-        plan = ring.ring_plan(flat.size, self.nranks, flat.itemsize, SEGMENT_BYTES)
+        plan = ring.ring_plan(flat.size, self.nranks, flat.itemsize, self.settings.segment_bytes)
         ring.ring_all_reduce(flat, ufunc, self._link, self.pos, self.nranks, plan,
                              self._deadline())
 
@@ -218,7 +219,7 @@ class Communicator:
             self._local.broadcast(flat, root_pos, self._deadline())
         else:
             ring.ring_broadcast(flat, self._link, self.pos, root_pos, self.nranks,
-                                SEGMENT_BYTES, self._deadline())
+                                self.settings.segment_bytes, self._deadline())
 
     def all_gather(self, arr: np.ndarray) -> list[np.ndarray]:
         """Every rank's `arr`, in rank order (new arrays)."""
@@ -234,7 +235,7 @@ class Communicator:
         if self._local is not None:
             self._local.all_gather(flat, out, self._deadline())
             return
-        ring.ring_all_gather(out, self._link, self.pos, self.nranks, SEGMENT_BYTES,
+        ring.ring_all_gather(out, self._link, self.pos, self.nranks, self.settings.segment_bytes,
                              self._deadline())
 
     def reduce(self, arr: np.ndarray, root: int, op: int = ReduceOp.SUM) -> np.ndarray:
@@ -274,7 +275,7 @@ class Communicator:
         if self._local is not None:
             self._local.reduce_scatter(flat, ufunc, self._deadline())
             return
-        plan = ring.ring_plan(flat.size, self.nranks, flat.itemsize, SEGMENT_BYTES)
+        plan = ring.ring_plan(flat.size, self.nranks, flat.itemsize, self.settings.segment_bytes)
         ring.ring_reduce_scatter(flat, ufunc, self._link, self.pos, self.nranks, plan,
                                  self._deadline())
 
@@ -291,7 +292,7 @@ class Communicator:
         sock = self._p2p.get(("to", dst))
         if sock is None:
             deadline = Deadline(self.settings.rendezvous_timeout)
-            sock, _ = rendezvous.connect(self.endpoints[dst], self._token, rendezvous.KIND_P2P,
+            sock, _ = rendezvous.connect(self.endpoints[dst], self._key, rendezvous.KIND_P2P,
                                          self.ring_id, self.rank, dst, deadline, self.ctx)
             sock.settimeout(self.settings.comm_timeout)
             self._p2p[("to", dst)] = sock
@@ -310,7 +311,7 @@ class Communicator:
     def _recv(self, work: np.ndarray, src: int) -> None:
         sock = self._p2p.get(("from", src))
         if sock is None:
-            listener = rendezvous.listener_for(self.endpoints[self.rank], self._token, self.rank)
+            listener = rendezvous.listener_for(self.endpoints[self.rank], self._key, self.rank)
             sock, _ = listener.accept(self.ring_id, rendezvous.KIND_P2P, src,
                                       Deadline(self.settings.rendezvous_timeout), self.ctx)
             sock.settimeout(self.settings.comm_timeout)

@@ -1,12 +1,17 @@
 """Shared-memory transport for the ranks of one host: one segment per rank,
-/dev/shm/ringflow-<job id>-ring<ring>-<members>-p<position>, holding a header of counters and
-two data slots (the intra-host algorithm), or, for a ring hop between two ranks of one host
-inside a ring that spans hosts, a `Channel` segment ...-ch<position> owned by the receiving
-rank. <members> is a digest of the ring's endpoints: several communicators of one job share a
-ring id (every model-parallel group of a tensor-parallel job is ring 0), so the id alone would
-make two groups on one host open each other's segments.
-Segments are unlinked as soon as every peer has mapped them, so a crash leaks nothing after
-setup; an atexit hook unlinks any this process created and still holds a name for.
+/dev/shm/ringflow-<job id>-ring<ring>-<tag>-p<position>, holding a header of counters and two
+data slots (the intra-host algorithm), or, for a ring hop between two ranks of one host inside
+a ring that spans hosts, a `Channel` segment ...-ch<position> owned by the receiving rank.
+<tag> is HMAC(job token, job, ring, member endpoints): several communicators of one job share a
+ring id (every model-parallel group of a tensor-parallel job is ring 0), and a name nobody
+without the token can guess cannot be planted or collide across jobs.
+
+Segments are ours or refused: created 0600 with O_EXCL and never through a symlink; a name
+that exists already is reused only when it is our own file whose creator is dead (a crashed
+earlier incarnation), else a CommError names its owner; a segment is opened only when it is a
+regular file of our user with mode 0600. Segments are unlinked as soon as every peer has mapped
+them, so a crash leaks nothing after setup; an atexit hook unlinks any this process created
+and still holds a name for.
 
 Synchronisation is by monotonically increasing sequence counters in each header (one writer
 each). x86 keeps stores in program order (TSO), so data written before a counter store are
@@ -17,14 +22,15 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import hashlib
 import mmap
 import os
+import stat
 import time
 
 import numpy as np
 
 from ringflow.distributed.collective.transport.base import OpContext, process_state, spin_wait
+from ringflow.errors import CommError
 
 SHM_DIR = "/dev/shm"
 HEADER = 4096
@@ -49,18 +55,12 @@ def unlink(name: str) -> None:
     _created.discard(name)
 
 
-def members_tag(endpoints) -> str:
-    """A short digest of a ring's member endpoints (in rank order) for segment names."""
-    joined = ",".join(str(e) for e in endpoints).encode()
-    return hashlib.blake2s(joined, digest_size=5).hexdigest()
+def segment_name(job_id: str, ring_id: int, tag: str, pos: int) -> str:
+    return f"ringflow-{job_id}-ring{ring_id}-{tag}-p{pos}"
 
 
-def segment_name(job_id: str, ring_id: int, members: str, pos: int) -> str:
-    return f"ringflow-{job_id}-ring{ring_id}-{members}-p{pos}"
-
-
-def channel_name(job_id: str, ring_id: int, members: str, pos: int) -> str:
-    return f"ringflow-{job_id}-ring{ring_id}-{members}-ch{pos}"
+def channel_name(job_id: str, ring_id: int, tag: str, pos: int) -> str:
+    return f"ringflow-{job_id}-ring{ring_id}-{tag}-ch{pos}"
 
 
 class Segment:
@@ -85,15 +85,15 @@ class Segment:
 
 def create_segment(name: str, slot_bytes: int) -> Segment:
     path = os.path.join(SHM_DIR, name)
-    flags = os.O_CREAT | os.O_EXCL | os.O_RDWR
+    flags = os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_NOFOLLOW
     try:
         fd = os.open(path, flags, 0o600)
     except FileExistsError:
-        # left by a crashed earlier incarnation of this ring in this job: never reuse data
-        os.unlink(path)
+        _reclaim(path)   # ours and its creator dead, else a CommError naming the holder
         fd = os.open(path, flags, 0o600)
     _created.add(name)
     try:
+        os.fchmod(fd, 0o600)   # exactly, whatever the umask
         os.ftruncate(fd, HEADER + 2 * slot_bytes)
         mm = mmap.mmap(fd, HEADER + 2 * slot_bytes)
     finally:
@@ -103,12 +103,59 @@ def create_segment(name: str, slot_bytes: int) -> Segment:
     return seg
 
 
-def open_segment(name: str, slot_bytes: int) -> Segment:
-    fd = os.open(os.path.join(SHM_DIR, name), os.O_RDWR)
+def _describe(st: os.stat_result) -> str:
     try:
-        if os.fstat(fd).st_size != HEADER + 2 * slot_bytes:
-            raise ValueError(f"shared-memory segment {name} has size {os.fstat(fd).st_size}, "
-                             f"expected {HEADER + 2 * slot_bytes}")
+        import pwd
+
+        user = pwd.getpwuid(st.st_uid).pw_name
+    except (ImportError, KeyError):
+        user = "?"
+    return f"user {user} (uid {st.st_uid}), mode {stat.filemode(st.st_mode)}"
+
+
+def _reclaim(path: str) -> None:
+    """A segment name already taken: unlink it when it is our regular file whose creating
+    process is gone (a crashed earlier incarnation of the ring: never reuse its data)."""
+    st = os.lstat(path)
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
+        raise CommError(f"shared-memory segment {path} is held by {_describe(st)}: not this "
+                        f"job's; refusing to use or remove it")
+    holder = creator_pid(path)
+    if holder and holder != os.getpid() and process_state(holder) not in (None, "Z", "X"):
+        raise CommError(f"shared-memory segment {path} is held by the live process {holder}: "
+                        f"another incarnation of this job is running")
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+
+
+def creator_pid(path: str) -> int:
+    """The pid in a segment's header (0 when unreadable or not a ringflow segment)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return 0
+    try:
+        raw = os.pread(fd, 16, 0)
+    finally:
+        os.close(fd)
+    return int.from_bytes(raw[8:16], "little", signed=True) if len(raw) == 16 else 0
+
+
+def open_segment(name: str, slot_bytes: int) -> Segment:
+    path = os.path.join(SHM_DIR, name)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
+    except OSError as exc:
+        raise CommError(f"cannot open shared-memory segment {path}: {exc.strerror}") from exc
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() \
+                or stat.S_IMODE(st.st_mode) != 0o600:
+            raise CommError(f"shared-memory segment {path} is held by {_describe(st)}: "
+                            f"expected a file of this user with mode 0600")
+        if st.st_size != HEADER + 2 * slot_bytes:
+            raise CommError(f"shared-memory segment {path} has size {st.st_size}, expected "
+                            f"{HEADER + 2 * slot_bytes}")
         mm = mmap.mmap(fd, HEADER + 2 * slot_bytes)
     finally:
         os.close(fd)
