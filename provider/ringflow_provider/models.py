@@ -22,13 +22,14 @@ from pydantic import (
     model_validator,
 )
 
+from ringflow_provider.jobs.masking import is_secret_name
+
 _HOST_LABEL = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # mpirun's `-x NAME=VALUE` sits inside one whitespace-separated poprun option value
 # (`--mpi-local-args`), so a value cannot hold whitespace, quotes or backslashes.
 _MPI_UNSAFE = re.compile(r"[\s'\"\\`]|[\x00-\x1f\x7f]")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-SECRET_NAME_PARTS = ("secret", "password", "token", "key")
 # Names the composition sets itself; a user value would contradict it.
 RESERVED_ENV = frozenset(
     {
@@ -225,12 +226,8 @@ class PopRunConfig(BaseModel):
         return self
 
     def secret_env_names(self) -> list[str]:
-        """extra_env names whose values must never reach a log."""
-        return [
-            name
-            for name in (self.extra_env or {})
-            if any(part in name.lower() for part in SECRET_NAME_PARTS)
-        ]
+        """extra_env names whose values must never reach a log (jobs.masking's rule)."""
+        return [name for name in (self.extra_env or {}) if is_secret_name(name)]
 
 
 FIELD_NAMES: tuple[str, ...] = tuple(PopRunConfig.model_fields)

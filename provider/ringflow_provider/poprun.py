@@ -2,12 +2,12 @@
 
 The argv equals, token for token, what Paddle's IPUController shell string delivers to
 `poprun` after shell word-splitting (reference 5.5); the string for a remote shell is that
-argv quoted token by token, so no field value can add a shell command. No Airflow import.
+argv quoted token by token, so no field value can add a shell command. No Airflow import
+(the secret-name rule, `jobs.masking`, asks Airflow's masker only when called).
 """
 
 from __future__ import annotations
 
-import json
 import re
 import shlex
 from collections.abc import Iterable, Mapping
@@ -16,15 +16,13 @@ from typing import Any
 from pydantic import ValidationError
 
 from ringflow.errors import ConfigError
-from ringflow_provider.models import (
-    FIELD_NAMES,
-    SECRET_NAME_PARTS,
-    PopRunConfig,
-    validate_field,
-)
+from ringflow_provider.jobs.masking import MASK, MIN_MASKED_LEN, mask_text, secret_env_values
+from ringflow_provider.models import FIELD_NAMES, PopRunConfig, validate_field
 
 __all__ = [
     "FIELD_NAMES",
+    "MASK",
+    "MIN_MASKED_LEN",
     "PopRunConfig",
     "build_poprun_argv",
     "config_error_message",
@@ -36,12 +34,6 @@ __all__ = [
     "secret_values",
     "validate_field",
 ]
-
-MASK = "***"
-# As Airflow's masker ([logging] min_length_masked_secret): shorter values are not replaced
-# wherever they occur ("1" would turn every 1 into ***), only in their own `-x NAME=` slot.
-MIN_MASKED_LEN = 5
-
 
 def _yes_no(flag: bool) -> str:
     return "yes" if flag else "no"
@@ -108,36 +100,13 @@ def render_poprun_command(config: PopRunConfig) -> str:
 
 
 def secret_values(config: PopRunConfig, extra: Iterable[str | None] = ()) -> list[str]:
-    """Values to mask: extra_env values under secret-looking names, plus `extra` (passwords)."""
+    """Values to mask: extra_env values under secret names (jobs.masking's rule), plus
+    `extra` (passwords). A value shorter than MIN_MASKED_LEN is masked only in its own
+    `-x NAME=` slot of the argv (mask_argv), not wherever it occurs."""
     env = config.extra_env or {}
     values = [env[name] for name in config.secret_env_names()] + [v for v in extra if v]
     # Longest first, so a secret that contains another is masked whole.
     return sorted({v for v in values if v}, key=len, reverse=True)
-
-
-def secret_env_values(extra_env: Any) -> list[str]:
-    """Secret values of an extra_env that may not be valid yet (a dict or its JSON text), so
-    they can be masked before validation, whose messages quote values."""
-    if isinstance(extra_env, str):
-        try:
-            extra_env = json.loads(extra_env)
-        except json.JSONDecodeError:
-            return []
-    if not isinstance(extra_env, Mapping):
-        return []
-    values = {
-        str(value) for name, value in extra_env.items()
-        if value and any(part in str(name).lower() for part in SECRET_NAME_PARTS)
-    }
-    return sorted(values, key=len, reverse=True)
-
-
-def mask_text(text: str, secrets: Iterable[str]) -> str:
-    """`text` with every secret of at least MIN_MASKED_LEN characters replaced by ***."""
-    for secret in secrets:
-        if secret and len(secret) >= MIN_MASKED_LEN:
-            text = text.replace(secret, MASK)
-    return text
 
 
 def mask_argv(argv: list[str], secrets: Iterable[str],

@@ -3,8 +3,9 @@
 Built on apache-airflow-providers-ssh's `SSHHook` (credentials, host-key policy and extras as
 the connection says); one `SSHHook` per host, made lazily, with the connection's port and the
 host name from the job. What this adds: bounded connects (no retries, banner and auth bounded
-by the same timeout), whole-line streaming with an optional inactivity limit, and errors that
-name the host.
+by the same timeout), whole-line streaming (`ringflow_provider.jobs.lines`) with an optional
+inactivity limit, and errors that name the host. `ringflow_provider.jobs.SSHJob` runs a job's
+lifecycle on top of it.
 """
 
 from __future__ import annotations
@@ -21,9 +22,10 @@ from airflow.providers.ssh.hooks.ssh import SSHHook
 from airflow.sdk import BaseHook
 
 from ringflow.errors import LaunchError
+from ringflow_provider.jobs.lines import TAIL_LINES, LineSink, LineSplitter
 
-LineSink = Callable[[str, str], None]  # (stream "stdout" | "stderr", whole line)
-TAIL_LINES = 20
+__all__ = ["LineSink", "MultiHostSSHHook", "StreamResult"]
+
 _READ_CHUNK = 65536
 _TICK_S = 0.5
 
@@ -34,29 +36,6 @@ class StreamResult:
 
     exit_code: int
     tail: deque[str] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
-
-
-class _LineSplitter:
-    """Bytes in, whole decoded lines out; a line split across reads is joined first."""
-
-    def __init__(self, stream: str, sink: LineSink, tail: deque[str]):
-        self.stream, self.sink, self.tail = stream, sink, tail
-        self.pending = b""
-
-    def feed(self, data: bytes) -> None:
-        *lines, self.pending = (self.pending + data).split(b"\n")
-        for raw in lines:
-            self._emit(raw)
-
-    def flush(self) -> None:
-        if self.pending:
-            self._emit(self.pending)
-            self.pending = b""
-
-    def _emit(self, raw: bytes) -> None:
-        line = raw.decode("utf-8", "replace").rstrip("\r")
-        self.tail.append(line)
-        self.sink(self.stream, line)
 
 
 class MultiHostSSHHook(BaseHook):
@@ -154,24 +133,39 @@ class MultiHostSSHHook(BaseHook):
     def stream(self, host: str, command: str, sink: LineSink,
                should_stop: Callable[[], bool] = lambda: False) -> StreamResult:
         """Run `command` on `host`, passing each whole output line to `sink` as it arrives."""
+        channel = self.start_command(host, command)
+        try:
+            return self.pump(host, channel, sink, should_stop)
+        finally:
+            channel.close()
+
+    def start_command(self, host: str, command: str) -> paramiko.Channel:
+        """Start `command` on `host` in a new channel (stdin closed); `pump` streams it."""
         client = self.connect(host)
         transport = client.get_transport()
         if transport is None or not transport.is_active():
             raise LaunchError(f"host {host!r}: SSH transport closed before the command started")
-        result = StreamResult(exit_code=-1)
         channel = transport.open_session(timeout=self.conn_timeout)
         try:
             channel.exec_command(command)
             channel.shutdown_write()
-            self._pump(host, channel, sink, result, should_stop)
-        finally:
+        except Exception:
             channel.close()
+            raise
+        return channel
+
+    def pump(self, host: str, channel: paramiko.Channel, sink: LineSink,
+             should_stop: Callable[[], bool] = lambda: False) -> StreamResult:
+        """Pass the channel's whole output lines to `sink` until the command ends (or
+        `should_stop()`); the exit code is -1 when none came."""
+        result = StreamResult(exit_code=-1)
+        self._pump(host, channel, sink, result, should_stop)
         return result
 
     def _pump(self, host: str, channel: paramiko.Channel, sink: LineSink,
               result: StreamResult, should_stop: Callable[[], bool]) -> None:
-        out = _LineSplitter("stdout", sink, result.tail)
-        err = _LineSplitter("stderr", sink, result.tail)
+        out = LineSplitter("stdout", sink, result.tail)
+        err = LineSplitter("stderr", sink, result.tail)
         last_output = time.monotonic()
         with selectors.DefaultSelector() as selector:
             selector.register(channel, selectors.EVENT_READ)

@@ -4,41 +4,34 @@ from __future__ import annotations
 
 import shlex
 import signal
-import threading
 import time
-from collections.abc import Container, Iterable
+from collections.abc import Container
 from functools import cached_property
 from typing import Any, ClassVar
 
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
-from airflow.sdk.log import mask_secret
 from pydantic import TypeAdapter
 
 from ringflow.errors import RingflowError
 from ringflow_provider.hooks.multi_ssh import MultiHostSSHHook
+from ringflow_provider.jobs.masking import Secrets
+from ringflow_provider.jobs.ssh import ON_KILL_BUDGET_S, SSHJob
 from ringflow_provider.models import check_host
 from ringflow_provider.poprun import (
     FIELD_NAMES,
     PopRunConfig,
     build_poprun_argv,
     mask_argv,
-    mask_text,
     parse_config,
-    secret_env_values,
     secret_values,
     validate_field,
 )
-from ringflow_provider.remote_job import (
-    JobId,
-    find_executable_command,
-    kill_command,
-    launch_command,
-    parse_pgid,
-)
+from ringflow_provider.remote_job import JobId, find_executable_command
+
+__all__ = ["ON_KILL_BUDGET_S", "PopRunOperator"]
 
 _BOOL = TypeAdapter(bool)
-ON_KILL_BUDGET_S = 1.8  # Airflow sends SIGKILL about 5 s after SIGTERM; stay well inside
 
 
 def _templated(value: Any) -> bool:
@@ -157,9 +150,8 @@ class PopRunOperator(BaseOperator):
         self._killed = False
         self._stop_streaming = False
         self._job: JobId | None = None
-        self._pgid: int | None = None
-        self._launch_host: str | None = None
-        self._secret_values: list[str] = []
+        self._remote: SSHJob | None = None  # the job lifecycle (ringflow_provider.jobs)
+        self._secrets = Secrets()
         self._validate_literals()
 
     @staticmethod
@@ -183,7 +175,7 @@ class PopRunOperator(BaseOperator):
             if self.launch_host and not _templated(self.launch_host):
                 check_host(self.launch_host)
         except (RingflowError, ValueError) as exc:
-            message = self._mask(str(exc), secret_env_values(self.extra_env))
+            message = Secrets().add_env(self.extra_env).mask(str(exc))
             raise AirflowException(f"task {self.task_id!r}: {message}") from None
 
     @cached_property
@@ -206,36 +198,38 @@ class PopRunOperator(BaseOperator):
                     check_host(self.launch_host.strip())
                 except ValueError as exc:
                     raise ValueError(f"launch_host: {exc}") from None
-        except (RingflowError, ValueError) as exc:
-            message = self._mask(str(exc), secret_env_values(self.extra_env))
-            raise AirflowFailException(message) from None
+        except (RingflowError, ValueError) as exc:  # validation messages quote values
+            raise AirflowFailException(self._secrets.add_env(self.extra_env).mask(str(exc))) \
+                from None
         return config
+
+    @property
+    def _pgid(self) -> int | None:
+        """The remote job's process group, once its launch script has said it."""
+        return self._remote.pgid if self._remote is not None else None
 
     def render_template_fields(self, context: Any, jinja_env: Any = None) -> None:
         """Render, then register secret extra_env values with the masker at once, so the
         rendered fields Airflow stores and shows (before execute) have them masked too."""
         super().render_template_fields(context, jinja_env)
-        self._secret_values = secret_env_values(self.extra_env)
-        for secret in self._secret_values:
-            mask_secret(secret)
+        self._secrets = Secrets().add_env(self.extra_env)
+        self._secrets.register()
 
-    def _secrets(self, config: PopRunConfig) -> list[str]:
+    def _collect_secrets(self, config: PopRunConfig) -> list[str]:
         password = None
         if not self.dry_run:
             password = self.hook.get_connection(self.ssh_conn_id).password
         secrets = secret_values(config, [password])
-        for secret in secrets:
-            mask_secret(secret)
-        self._secret_values = secrets
+        self._secrets = Secrets(secrets)
+        self._secrets.register()
         return secrets
 
     def execute(self, context: Any) -> dict[str, Any]:
         self.dry_run = self._flag("dry_run", self.dry_run)
         config = self._config()
         launch_host = (self.launch_host or "").strip() or config.hosts[0]
-        self._launch_host = launch_host
         argv = build_poprun_argv(config)
-        secrets = self._secrets(config)
+        secrets = self._collect_secrets(config)
         masked = mask_argv(argv, secrets, config.secret_env_names())
         summary: dict[str, Any] = {
             "argv": masked, "num_instances": config.num_instances,
@@ -257,7 +251,7 @@ class PopRunOperator(BaseOperator):
             self.hook.close()
         summary["exit_code"] = exit_code
         summary["duration_s"] = round(time.monotonic() - started, 3)
-        self._check_exit(exit_code, tail, launch_host, secrets)
+        self._check_exit(exit_code, tail, launch_host)
         self.log.info("PopRun job %s on %s succeeded after %.1f s", self._job, launch_host,
                       summary["duration_s"])
         return summary
@@ -284,30 +278,23 @@ class PopRunOperator(BaseOperator):
                           launch_host, path)
         ti = context["ti"]
         self._job = JobId(ti.dag_id, ti.task_id, ti.run_id, int(ti.try_number))
-        command = launch_command(self._job, argv, config.extra_env, self.remote_state_dir)
+        self._remote = SSHJob(self.hook, launch_host, self._job, argv, self._log_line,
+                              env=config.extra_env, state_dir=self.remote_state_dir,
+                              log=self.log, should_stop=lambda: self._stop_streaming)
         if self._killed:  # on_kill came during preflight: start nothing
             return -1, []
-        result = self.hook.stream(launch_host, command, self._log_line,
-                                  should_stop=lambda: self._stop_streaming)
-        return result.exit_code, [line for line in result.tail if parse_pgid(line) is None]
+        self._remote.start()
+        return self._remote.wait(), self._remote.tail
 
     def _log_line(self, stream: str, line: str) -> None:
         # Airflow's masker redacts task logs too; masking here also covers logs outside a task.
-        line = self._mask(line, self._secret_values)
-        if self._pgid is None and stream == "stdout" and (pgid := parse_pgid(line)):
-            self._pgid = pgid
-            self.log.info("job %s runs as process group %d", self._job, pgid)
-        elif stream == "stdout":
+        line = self._secrets.mask(line)
+        if stream == "stdout":
             self.log.info("%s", line)
         else:
             self.log.warning("%s", line)
 
-    @staticmethod
-    def _mask(text: str, secrets: Iterable[str]) -> str:
-        return mask_text(text, secrets)
-
-    def _check_exit(self, exit_code: int, tail: list[str], host: str,
-                    secrets: list[str]) -> None:
+    def _check_exit(self, exit_code: int, tail: list[str], host: str) -> None:
         if self._killed:
             raise AirflowException(f"PopRun job {self._job} on {host!r} was killed (on_kill)")
         if exit_code == 0:
@@ -321,50 +308,21 @@ class PopRunOperator(BaseOperator):
                    "by a signal)")
         elif 128 < exit_code <= 128 + 64:
             how += f" (128+{exit_code - 128}: ended by signal {_signal_name(exit_code - 128)})"
-        raise AirflowException(self._mask(
-            f"PopRun failed on {host!r} {how}; last {len(tail)} lines:\n{lines}", secrets))
+        raise AirflowException(self._secrets.mask(
+            f"PopRun failed on {host!r} {how}; last {len(tail)} lines:\n{lines}"))
 
     def on_kill(self) -> None:
         """Kill the remote process group with one detached command; return within 2 s."""
         self._killed = True
-        job, pgid, host = self._job, self._pgid, self._launch_host
-        if job is None or host is None:
-            self._stop_streaming = True
-            return
-        worker = threading.Thread(target=self._send_kill, args=(job, pgid, host), daemon=True)
-        worker.start()
-        worker.join(ON_KILL_BUDGET_S)
-        if worker.is_alive():
-            self.log.warning("on_kill: the kill command for %s is still being sent", job)
+        if self._remote is not None:
+            self._remote.stop("on_kill", ON_KILL_BUDGET_S)
         self._stop_streaming = True
 
     def _stop_after_failure(self, error: str, host: str) -> str:
         """A started job outlives a lost stream (cmd_timeout, dropped link) and Airflow calls
         no on_kill after an exception: stop it here. Returns the masked failure message."""
-        message = self._mask(error, self._secret_values)
-        if self._job is None or self._pgid is None or self._killed:
+        message = self._secrets.mask(error)
+        if self._remote is None or self._remote.pgid is None or self._killed:
             return message
-        said = self._send_kill(self._job, self._pgid, host, "after the failure",
-                               self.conn_timeout)
+        said = self._remote.stop("after the failure", self.conn_timeout, block=True)
         return f"{message}; on {host!r}: {said}" if said else message
-
-    def _send_kill(self, job: JobId, pgid: int | None, host: str, why: str = "on_kill",
-                   timeout: float = ON_KILL_BUDGET_S) -> str:
-        """Send kill_command; returns what it said ("" if it could not be sent)."""
-        command = kill_command(job, pgid, self.remote_state_dir)
-        hook = self.hook
-        try:
-            client = hook.hook_for(host).client
-            transport = client.get_transport() if client else None
-            if transport is None or not transport.is_active():
-                hook = MultiHostSSHHook(self.ssh_conn_id, timeout, None)
-            code, out, err = hook.run(host, command, timeout=timeout)
-            said = (out + err).strip() or f"exit {code}"
-            self.log.info("%s on %s: %s", why, host, said)
-            return said
-        except Exception as exc:  # on_kill must never raise into Airflow's signal handler
-            self.log.error("%s: could not reach %s to kill job %s: %s", why, host, job, exc)
-            return ""
-        finally:
-            if hook is not self.hook:
-                hook.close()

@@ -1,0 +1,124 @@
+"""Which values are secret and how they are hidden: the one rule every operator uses.
+
+A value is secret when it is given as a secret (a `secret_env` value, a connection password)
+or when its variable's name says so: the name contains secret, password, token or key (any
+case), or Airflow's masker deems the name sensitive (`should_hide_value_for_key`: passwd,
+authorization, private_key, ...). Importing this module imports nothing from Airflow.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+MASK = "***"
+# As Airflow's masker ([logging] min_length_masked_secret): shorter values are not replaced
+# wherever they occur ("1" would turn every 1 into ***).
+MIN_MASKED_LEN = 5
+SECRET_NAME_PARTS = ("secret", "password", "token", "key")
+
+
+def is_secret_name(name: str) -> bool:
+    """Whether a variable called `name` holds a secret."""
+    lowered = str(name).lower()
+    return any(part in lowered for part in SECRET_NAME_PARTS) or _airflow_hides(name)
+
+
+def _airflow_hides(name: str) -> bool:
+    try:
+        from airflow.sdk._shared.secrets_masker import should_hide_value_for_key
+    except ImportError:  # outside Airflow (the rule above still holds)
+        return False
+    try:
+        return bool(should_hide_value_for_key(name))
+    except Exception:  # a masker without its configuration: our own rule decides
+        return False
+
+
+def secret_env_values(env: Any) -> list[str]:
+    """Secret values of an env mapping that may not be valid yet (a dict or its JSON text),
+    so they can be masked before validation, whose messages quote values."""
+    if isinstance(env, str):
+        try:
+            env = json.loads(env)
+        except json.JSONDecodeError:
+            return []
+    if not isinstance(env, Mapping):
+        return []
+    values = {str(value) for name, value in env.items() if value and is_secret_name(name)}
+    return sorted(values, key=len, reverse=True)
+
+
+def mask_text(text: str, secrets: Iterable[str]) -> str:
+    """`text` with every secret of at least MIN_MASKED_LEN characters replaced by ***."""
+    for secret in secrets:
+        if secret and len(secret) >= MIN_MASKED_LEN:
+            text = text.replace(secret, MASK)
+    return text
+
+
+def _forms(value: str) -> set[str]:
+    """The value as printed, inside JSON text and inside a repr (escapes differ)."""
+    return {value, json.dumps(value)[1:-1], repr(value)[1:-1]}
+
+
+class Secrets:
+    """The secret values of one task: collected, registered with Airflow's masker, masked.
+
+    Plain data (a set of strings), so Airflow can deep-copy an operator that holds one; its
+    repr shows how many values it holds, never one of them.
+    """
+
+    def __init__(self, values: Iterable[str | None] = ()) -> None:
+        self._values: set[str] = set()
+        self._forms: list[str] = []  # what mask() replaces, longest first
+        self.add(*values)
+
+    def add(self, *values: str | None) -> Secrets:
+        """Explicit secrets (a password, a `secret_env` value); empty ones are ignored."""
+        self._values.update(str(v) for v in values if v)
+        forms = {form for value in self._values if len(value) >= MIN_MASKED_LEN
+                 for form in _forms(value)}
+        self._forms = sorted(forms, key=len, reverse=True)
+        return self
+
+    def add_env(self, env: Any, *, all_secret: bool = False) -> Secrets:
+        """The values of an env mapping (or its JSON text) under secret names; every value
+        when `all_secret` (a `secret_env` argument)."""
+        if all_secret:
+            if isinstance(env, str):
+                try:
+                    env = json.loads(env)
+                except json.JSONDecodeError:
+                    return self
+            if isinstance(env, Mapping):
+                self.add(*(str(v) for v in env.values()))
+            return self
+        return self.add(*secret_env_values(env))
+
+    @property
+    def values(self) -> list[str]:
+        """Longest first, so a secret that contains another is masked whole."""
+        return sorted(self._values, key=len, reverse=True)
+
+    def register(self) -> None:
+        """Give every value to Airflow's masker, which then redacts the task log, rendered
+        fields and XCom (and tells the supervisor, when running in a task)."""
+        from airflow.sdk.log import mask_secret
+
+        for value in self.values:
+            mask_secret(value)
+
+    def mask(self, text: str) -> str:
+        """`text` with each secret replaced by ***, also in its JSON- and repr-escaped forms;
+        values shorter than MIN_MASKED_LEN are left alone, as Airflow's masker does."""
+        for form in self._forms:
+            text = text.replace(form, MASK)
+        return text
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __repr__(self) -> str:
+        return f"Secrets(<{len(self._values)} hidden>)"
