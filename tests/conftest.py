@@ -1,8 +1,20 @@
-"""Suite-wide fixtures. Area fixtures live in tests/<area>/conftest.py."""
+"""Suite-wide fixtures. Area fixtures live in tests/<area>/conftest.py.
+
+The run's one Airflow home is set up by importing tests.airflow_env first, before any test
+module can import airflow; `airflow_home` migrates its database once and `airflow_services`
+starts real Airflow services on it once. Tests that use the services run last, so the
+scheduler and its friends never compete with the rest of the suite for the 2 cores or the
+SQLite database.
+"""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+
+from tests import airflow_env
+from tests.airflow_services import STOP_TIMEOUT_S, AirflowServices
 
 
 @pytest.fixture(autouse=True)
@@ -15,3 +27,51 @@ def _fresh_default_programs(monkeypatch):
     monkeypatch.setattr(program, "_startup_program", program.Program())
     monkeypatch.setattr(executor, "_global_scope", executor.Scope())
     yield
+
+
+@pytest.fixture(scope="session")
+def airflow_home() -> Path:
+    """The run's Airflow home (tests/airflow_env.py) with its SQLite database migrated, once
+    per run."""
+    airflow_env.migrate()
+    return airflow_env.AIRFLOW_HOME
+
+
+@pytest.fixture(scope="session")
+def airflow_services(airflow_home, tmp_path_factory):
+    """api-server, scheduler (LocalExecutor) and dag-processor on 127.0.0.1 with the run's
+    Airflow home, started once (about 15 s) and stopped after the last test that uses them.
+
+    Yields an `AirflowServices` (tests/airflow_services.py): `.base_url` (UI and REST root),
+    `.api` (REST client logged in as `admin`), `.admin_password` (SimpleAuthManager's
+    generated password, as `airflow standalone` makes it), `.log_dir` (one log per service,
+    task logs under logs/; kept in pytest's tmp dir and shown when a test using them fails).
+    Teardown fails if any process they started is still alive after they were stopped.
+    """
+    services = AirflowServices(airflow_home, tmp_path_factory.mktemp("airflow-services"))
+    try:
+        services.start()
+    except RuntimeError as exc:
+        services.stop()
+        pytest.fail(str(exc), pytrace=False)
+    try:
+        yield services
+    finally:
+        leftovers = services.stop()
+    assert not leftovers, (f"Airflow service processes still alive after SIGTERM and "
+                           f"{STOP_TIMEOUT_S:.0f} s (killed): {leftovers}")
+
+
+def pytest_collection_modifyitems(items):
+    """Tests that use the Airflow services run last (stable otherwise): the session fixture
+    stops the services after the last of them, so nothing else runs beside them."""
+    items.sort(key=lambda item: "airflow_services" in getattr(item, "fixturenames", ()))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    services = getattr(item, "funcargs", {}).get("airflow_services")
+    if report.failed and isinstance(services, AirflowServices):
+        report.sections.append(("Airflow services", services.log_tails()))
+    return report

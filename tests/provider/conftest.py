@@ -1,44 +1,29 @@
-"""Provider fixtures: one isolated Airflow home per run, a real OpenSSH server on 127.0.0.1.
+"""Provider fixtures: a real OpenSSH server on 127.0.0.1 and the Airflow connections to it.
 
-Airflow reads AIRFLOW_HOME and friends when it is first imported, so they are set here, at
-collection time, before any test module imports airflow.
+The run's Airflow home (AIRFLOW_HOME and friends) and the `airflow_home` fixture are suite-wide:
+tests/airflow_env.py and tests/conftest.py.
 """
 
 from __future__ import annotations
 
-import atexit
 import getpass
 import json
-import os
 import shutil
 import socket
 import subprocess
-import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-VENV_BIN = Path(sys.executable).parent
+from tests.airflow_env import REPO, VENV_BIN
+
+__all__ = ["REPO", "VENV_BIN"]  # imported from here by the provider tests
+
 SSHD = Path("/usr/sbin/sshd")
 CONN_ID = "ringflow_test_ssh"
 BAD_KEY_CONN_ID = "ringflow_test_ssh_badkey"
-
-if "airflow" in sys.modules:  # its configuration is already read: ours would be ignored
-    raise RuntimeError("airflow was imported before tests/provider/conftest.py set AIRFLOW_HOME; "
-                       "set the Airflow env in tests/conftest.py instead")
-_AIRFLOW_HOME = Path(tempfile.mkdtemp(prefix="ringflow-airflow-home-"))
-atexit.register(shutil.rmtree, _AIRFLOW_HOME, True)
-os.environ.update(
-    AIRFLOW_HOME=str(_AIRFLOW_HOME),
-    AIRFLOW__CORE__LOAD_EXAMPLES="False",
-    AIRFLOW__CORE__DAGS_FOLDER=str(REPO / "dags"),
-    AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=f"sqlite:///{_AIRFLOW_HOME}/airflow.db",
-    AIRFLOW__CORE__UNIT_TEST_MODE="False",
-)
 
 
 def wait_until(predicate, timeout: float, what: str, step: float = 0.05):
@@ -55,14 +40,6 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-@pytest.fixture(scope="session")
-def airflow_home() -> Path:
-    """The run's Airflow home with a migrated SQLite database (migrated once per run)."""
-    subprocess.run([str(VENV_BIN / "airflow"), "db", "migrate"], check=True, env=os.environ,
-                   capture_output=True, timeout=240)
-    return _AIRFLOW_HOME
 
 
 @dataclass
