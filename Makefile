@@ -11,7 +11,7 @@ STAMP  := $(VENV)/.installed
 $(STAMP): pyproject.toml setup.cfg
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet -e '.[test,plot]'
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -37,14 +37,27 @@ sysdeps:
 			$$browser >/dev/null || exit 1; \
 	fi
 
+# The demo's Airflow home lives in the checkout (ignored by git): SQLite, the embedded default,
+# migrated on the first run only; the DAGs are this checkout's dags/.
+DEMO_HOME := $(CURDIR)/.airflow
+DEMO_ENV  := AIRFLOW_HOME=$(DEMO_HOME) AIRFLOW__CORE__DAGS_FOLDER=$(CURDIR)/dags \
+	AIRFLOW__CORE__LOAD_EXAMPLES=False
+
 demo: $(STAMP)
-	$(PY) -m ringflow.train.demo
+	@mkdir -p $(DEMO_HOME)
+	@if [ ! -f $(DEMO_HOME)/airflow.db ]; then \
+		echo "migrating the demo's Airflow database in $(DEMO_HOME) (first run only)"; \
+		$(DEMO_ENV) $(VENV)/bin/airflow db migrate >$(DEMO_HOME)/migrate.log 2>&1 \
+			|| { tail -30 $(DEMO_HOME)/migrate.log; rm -f $(DEMO_HOME)/airflow.db; exit 1; }; \
+	fi
+	$(DEMO_ENV) $(VENV)/bin/airflow dags test ringflow_tp_train
+	@$(DEMO_ENV) $(PY) scripts/demo_summary.py ringflow_tp_train train
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check provider tests benchmarks dags
+	$(VENV)/bin/ruff check provider tests benchmarks dags scripts
 
 test: sysdeps $(STAMP)
-	$(VENV)/bin/ruff check provider tests benchmarks dags
+	$(VENV)/bin/ruff check provider tests benchmarks dags scripts
 	$(PY) -m pytest
 
 # Benchmarks (not tests). The training step compares against PyTorch, which is installed
@@ -66,4 +79,4 @@ bench-allreduce: bench-sysdeps $(STAMP)
 	$(PY) benchmarks/allreduce.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info provider/*.egg-info .pytest_cache
+	rm -rf $(VENV) build *.egg-info provider/*.egg-info .pytest_cache .airflow

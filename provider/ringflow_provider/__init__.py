@@ -32,7 +32,8 @@ def get_provider_info() -> dict:
         "operators": [
             {
                 "integration-name": INTEGRATION,
-                "python-modules": ["ringflow_provider.operators.poprun"],
+                "python-modules": ["ringflow_provider.operators.poprun",
+                                   "ringflow_provider.operators.tp_train"],
             }
         ],
         "hooks": [

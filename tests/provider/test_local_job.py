@@ -364,18 +364,33 @@ def test_sigkill_of_the_owner_leaves_no_launcher_rank_or_segment(tmp_path, job_e
         killed = time.monotonic()
         owner.kill()
         owner.wait(timeout=10)
-        wait_until(lambda: not marked(job_env[MARK_VAR]), 15, "every process of the job to end")
+        # A process in the middle of exiting has already dropped its memory (its environ
+        # reads empty, so it no longer looks marked) but is not a zombie yet: wait for both.
+        wait_until(lambda: not marked(job_env[MARK_VAR]) and not _alive(pids), 15,
+                   "every process of the job to end")
         gone_s = time.monotonic() - killed
     finally:
         if owner.poll() is None:
             owner.kill()
             owner.wait(timeout=10)
         owner.stdout.close()
-    assert not any(Path(f"/proc/{pid}/stat").exists() and
-                   Path(f"/proc/{pid}/stat").read_text().split()[2] not in "ZX" for pid in pids)
+    assert _alive(pids) == []
     assert not any(p.exists() for p in segments)
     # The ranks end on SIGTERM at once; the launcher's grace is 5 s.
     assert gone_s < 5.0 + 3.0, f"took {gone_s:.1f} s"
+
+
+def _alive(pids: list[int]) -> list[int]:
+    """The pids that are still running (neither gone nor a zombie)."""
+    alive = []
+    for pid in pids:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        if stat[stat.rfind(")") + 2] not in "ZX":
+            alive.append(pid)
+    return alive
 
 
 def _holds(path: Path, needle: bytes) -> bool:

@@ -8,7 +8,7 @@ import pytest
 
 import ringflow as rf
 from ringflow.framework.roles import OP_ROLE_VAR_KEY, is_backward_op, is_optimizer_op
-from ringflow.train import demo
+from tests.runtime import spiral as demo
 
 
 def test_adam_mlp_reaches_95_percent_training_accuracy():

@@ -25,11 +25,14 @@ def job_segments(job_id: str, shm_dir: Path = SHM_DIR) -> list[Path]:
 
 def sweep_job_segments(job_id: str, shm_dir: Path = SHM_DIR) -> list[str]:
     """Unlink the job's dead segments of this user; returns the names removed."""
+    paths = job_segments(job_id, shm_dir)
+    if not paths:  # a clean job: its ranks unlinked theirs; skip the transports' numpy import
+        return []
     from ringflow.distributed.collective.transport.base import process_state
     from ringflow.distributed.collective.transport.shm import creator_pid
 
     removed = []
-    for path in job_segments(job_id, shm_dir):
+    for path in paths:
         try:
             st = path.lstat()
         except FileNotFoundError:

@@ -1,9 +1,7 @@
 """Training jobs on the runtime (issue 8): a ``JobSpec`` (spec.py), the worker loop
 (worker.py, ``python -m ringflow.train SPEC.json``), data (data.py), checkpoints
 (checkpoint.py) and the metric lines with their parser (metrics.py). Names load lazily,
-so the Airflow provider can import the spec and the parser without the runtime.
-``ringflow.train.demo`` is the old in-process MLP demo (``make demo`` until the operator
-lands)."""
+so the Airflow provider can import the spec and the parser without the runtime."""
 
 from __future__ import annotations
 

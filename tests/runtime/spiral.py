@@ -1,14 +1,9 @@
-"""``make demo``: an MLP (2 -> 32 -> 32 -> 3, ReLU) learns a three-armed spiral with Adam,
-in one process, printing loss and accuracy per step, then the final accuracy.
-
-The pieces (``spiral``, ``build_mlp``, ``train``) are also what the training tests run.
-"""
+"""The spiral classification task the runtime's training tests learn: an MLP (2 -> 32 -> 32
+-> 3, ReLU) on three interleaved spiral arms, full batch, in one process. (It was ``make
+demo`` before TPTrainOperator; the demo is now the ringflow_tp_train DAG.)"""
 
 from __future__ import annotations
 
-import argparse
-import sys
-import time
 from collections.abc import Callable
 
 import numpy as np
@@ -71,27 +66,3 @@ def train(steps: int = 200, seed: int = 0, lr: float = 0.01,
 
 def accuracy(logits: np.ndarray, labels: np.ndarray) -> float:
     return float(np.mean(np.argmax(logits, axis=1) == labels))
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--steps", type=int, default=200)
-    ap.add_argument("--lr", type=float, default=0.01)
-    ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args(argv)
-    print(f"ringflow demo: MLP 2 -> 32 -> 32 -> 3 (ReLU), Adam lr {args.lr}, "
-          f"3-arm spiral of 300 points, full batch, seed {args.seed}", flush=True)
-    t0 = time.perf_counter()
-
-    def log(step: int, loss: float, acc: float) -> None:
-        print(f"step {step:4d}/{args.steps}  loss {loss:.4f}  accuracy {100 * acc:5.1f}%",
-              flush=True)
-
-    _, final = train(args.steps, args.seed, args.lr, log)
-    print(f"final training accuracy {100 * final:.1f}% after {args.steps} steps "
-          f"({time.perf_counter() - t0:.1f} s)", flush=True)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,97 @@
+"""Train a small GPT (or an MLP) with tensor and data parallelism on this Airflow worker's
+CPU, with ringflow's `TPTrainOperator`.
+
+`nproc_per_host` worker processes (ranks) run the job: `tensor_parallel_degree` consecutive
+ranks split every layer, the others are data-parallel replicas. The defaults train the
+transformer with degree 2 on 2 ranks; the loss falls from about 6.2 to about 0.3 in 200 steps
+(about 15 s here).
+
+What you get: a progress line every `log_every` steps in the task log, a summary in XCom
+(`final_loss`, `loss_history`, `samples_per_s`, the checkpoint, the log folder, the plot), a
+loss chart at the end of the log and as `loss.png` in the log folder, and an event on the
+Asset `ringflow://ringflow_tp_train/train` carrying the checkpoint, which a downstream DAG can
+be scheduled on (`ringflow_tp_train_evaluate` below is one).
+
+Params reach the training processes on this worker; trigger them from the UI's form or with
+`airflow dags trigger ringflow_tp_train -c '{"steps": 50}'`; debug a change with
+`airflow tasks test ringflow_tp_train train -t '{"steps": 30}'`. A retry of the task resumes
+from its newest checkpoint (under `~/.ringflow/checkpoints/`).
+"""
+
+from __future__ import annotations
+
+from airflow.sdk import DAG, Asset, Param, task
+
+from ringflow_provider.operators.tp_train import TPTrainOperator
+
+JOB, LAYOUT, RUN = "Training job", "Layout", "Run"
+
+PARAMS = {
+    "model": Param("transformer", type="string", enum=["transformer", "mlp"], section=JOB,
+                   description="Built-in model: a small GPT on a synthetic next-token task, "
+                               "or an MLP classifier"),
+    "steps": Param(200, type="integer", minimum=1, maximum=100000, section=JOB,
+                   description="Training steps in total (a resumed try continues to this)"),
+    "global_batch_size": Param(32, type="integer", minimum=1, maximum=65536, section=JOB,
+                               description="Samples per step over all data-parallel ranks; "
+                                           "a multiple of nproc_per_host / "
+                                           "tensor_parallel_degree"),
+    "learning_rate": Param(0.001, type="number", exclusiveMinimum=0, maximum=10, section=JOB,
+                           description="The optimizer's learning rate"),
+    "optimizer_type": Param("adam", type="string", section=JOB,
+                            enum=["adam", "adamw", "sgd", "momentum", "lamb", "lars"],
+                            description="Optimizer"),
+    "seed": Param(0, type="integer", minimum=0, section=JOB,
+                  description="Seeds the parameters, the data and dropout"),
+    "tensor_parallel_degree": Param(2, type="integer", minimum=1, maximum=64, section=LAYOUT,
+                                    description="Ranks that split every layer; divides "
+                                                "nproc_per_host"),
+    "nproc_per_host": Param(2, type="integer", minimum=1, maximum=64, section=LAYOUT,
+                            description="Worker processes (ranks) on this worker"),
+    "log_every": Param(10, type="integer", minimum=1, section=RUN,
+                       description="A progress line every this many steps"),
+}
+
+MODEL = Asset("ringflow://ringflow_tp_train/train")
+
+with DAG(
+    dag_id="ringflow_tp_train",
+    description="Tensor-parallel training on CPU (ringflow TPTrainOperator)",
+    schedule=None,
+    catchup=False,
+    params=PARAMS,
+    doc_md=__doc__,
+    tags=["ringflow", "training"],
+) as dag:
+    TPTrainOperator(
+        task_id="train",
+        model="{{ params.model }}",
+        steps="{{ params.steps }}",
+        global_batch_size="{{ params.global_batch_size }}",
+        optimizer='{"type": "{{ params.optimizer_type }}", '
+                  '"learning_rate": {{ params.learning_rate }}}',
+        seed="{{ params.seed }}",
+        tensor_parallel_degree="{{ params.tensor_parallel_degree }}",
+        nproc_per_host="{{ params.nproc_per_host }}",
+        log_every="{{ params.log_every }}",
+    )
+
+
+with DAG(
+    dag_id="ringflow_tp_train_evaluate",
+    description="Runs when ringflow_tp_train produced a model (scheduled on its Asset)",
+    schedule=[MODEL],
+    catchup=False,
+    tags=["ringflow", "training"],
+) as evaluate_dag:
+
+    @task
+    def report_model(**context) -> dict:
+        """Reads the Asset event: where the checkpoint is and how good it was."""
+        events = context["triggering_asset_events"][MODEL]
+        extra = dict(events[-1].extra) if events else {}
+        print(f"model at {extra.get('checkpoint')} on {extra.get('host')}, step "
+              f"{extra.get('step')}, final loss {extra.get('final_loss')}")
+        return extra
+
+    report_model()

@@ -1,0 +1,216 @@
+"""TPTrainOperator's boundary and reporting, without Airflow: the job spec's pydantic model
+(built from ``ringflow.train.spec.JobSpec``), the local command line, the progress line a
+person reads, the loss history from the job's lines, a text chart and the loss plot."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import BeforeValidator, ConfigDict, Field, ValidationError, create_model
+
+from ringflow.errors import ConfigError
+from ringflow.launch.result import parse_result_line
+from ringflow.train.metrics import METRIC, SUMMARY, parse_train_line
+from ringflow.train.spec import FIELD_DOCS, FIELD_MINIMUMS, JobSpec
+
+SPEC_FIELDS = tuple(f.name for f in dataclasses.fields(JobSpec))
+_DICT_FIELDS = {"model_args", "optimizer", "lr_schedule"}
+_OPTIONAL = {"lr_schedule", "grad_clip", "checkpoint_dir"}
+
+
+def json_text(value: Any) -> Any:
+    """A template renders a dict to text: accept its JSON form (and Python's repr of it,
+    which is what ``{{ params.x }}`` of a dict param renders to)."""
+    if isinstance(value, str) and value.strip()[:1] == "{":
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError:
+            try:
+                return json.loads(value.replace("'", '"').replace("None", "null")
+                                  .replace("True", "true").replace("False", "false"))
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"expected a JSON object, got {value!r} ({exc.msg})") from None
+    return value
+
+
+def _none_text(value: Any) -> Any:
+    """An optional field rendered from a None param arrives as '' or 'None'."""
+    if isinstance(value, str) and value.strip() in ("", "None", "null"):
+        return None
+    return value
+
+
+def _field(f: dataclasses.Field) -> tuple[Any, Any]:
+    default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+    before = []
+    if f.name in _OPTIONAL:
+        before.append(BeforeValidator(_none_text))
+    if f.name in _DICT_FIELDS:
+        before.append(BeforeValidator(json_text))
+    extra = {"ge": FIELD_MINIMUMS[f.name]} if f.name in FIELD_MINIMUMS else {}
+    annotated = Annotated[(f.type, *before)] if before else f.type
+    return annotated, Field(default, description=FIELD_DOCS[f.name], **extra)
+
+
+#: the job spec at the Airflow boundary: pydantic (extra="forbid") over JobSpec's fields,
+#: with lax coercion of what templates render ("200" -> 200, JSON text -> dict)
+TPTrainSpec = create_model("TPTrainSpec", __config__=ConfigDict(extra="forbid"),
+                           **{f.name: _field(f) for f in dataclasses.fields(JobSpec)})
+
+
+def parse_spec(values: Mapping[str, Any]) -> JobSpec:
+    """The rendered operator arguments as a JobSpec; a ValueError names the field and the
+    value (pydantic's checks, then the runtime's own rules, the same messages a host gives)."""
+    try:
+        model = TPTrainSpec(**values)
+    except ValidationError as exc:
+        raise ValueError(_pydantic_message(exc)) from None
+    try:
+        return JobSpec.from_dict(model.model_dump())
+    except ConfigError as exc:
+        raise ValueError(str(exc)) from None
+
+
+def _pydantic_message(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err["loc"]) or "spec"
+        parts.append(f"{where}: {err['msg']} (got {err.get('input')!r})")
+    return "; ".join(parts)
+
+
+def launcher_argv(nproc_per_host: int, log_dir: str, spec_path: str,
+                  python: str = sys.executable) -> list[str]:
+    """This host's launcher agent running ``ringflow.train``; secrets come on its stdin."""
+    return [python, "-m", "ringflow.launch", "--stdin", "--nproc-per-host", str(nproc_per_host),
+            "--log-dir", log_dir, "-m", "ringflow.train", spec_path]
+
+
+_UNSAFE_PATH = re.compile(r"[^A-Za-z0-9._+=@-]")
+
+
+def path_part(text: str) -> str:
+    """A dag, run or task id as one path component (run ids hold ':' and '+')."""
+    cleaned = _UNSAFE_PATH.sub("_", text).strip(".")
+    return cleaned or "_"
+
+
+# progress -----------------------------------------------------------------------------------
+def _duration(seconds: float) -> str:
+    seconds = max(round(seconds), 0)
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+def progress_line(metric: Mapping[str, Any], steps: int, first_step: int = 1) -> str:
+    """``step 40/200  loss 0.4132  lr 1.0e-03  1,850 samples/s  eta 0:00:31``; the eta
+    assumes the steps still to do run as fast as those of this run so far."""
+    step, elapsed = int(metric["step"]), float(metric.get("elapsed_s") or 0.0)
+    done = step - first_step + 1
+    parts = [f"step {step}/{steps}", f"loss {float(metric['loss']):.4f}",
+             f"lr {float(metric['lr']):.1e}"]
+    rate = metric.get("samples_per_s")
+    if rate is not None:
+        parts.append(f"{float(rate):,.0f} samples/s")
+    if done > 0 and step < steps:
+        parts.append(f"eta {_duration(elapsed / done * (steps - step))}")
+    return "  ".join(parts)
+
+
+class JobReport:
+    """What the job's output says: metric lines (the loss history), the summary, and the
+    launcher's result line."""
+
+    def __init__(self) -> None:
+        self.history: list[tuple[int, float]] = []
+        self.summary: dict[str, Any] | None = None
+        self.result: dict[str, Any] | None = None
+
+    def feed(self, line: str) -> tuple[str, dict[str, Any]] | None:
+        """Records a machine line; returns ("metric"|"summary"|"result", payload) or None."""
+        parsed = parse_train_line(line)
+        if parsed is not None:
+            kind, payload = parsed
+            if kind == METRIC and isinstance(payload.get("step"), int):
+                self.history.append((payload["step"], float(payload["loss"])))
+            elif kind == SUMMARY:
+                self.summary = payload
+            return parsed
+        result = parse_result_line(line)
+        if result is not None:
+            self.result = result
+            return "result", result
+        return None
+
+
+# pictures -----------------------------------------------------------------------------------
+def text_chart(history: list[tuple[int, float]], width: int = 60, height: int = 10) -> str:
+    """The loss curve as text for the task log: one column per step bucket (its mean), a
+    '*' at its height; the y axis labelled with the loss at the top and the bottom."""
+    if len(history) < 2:
+        return ""
+    steps = [s for s, _ in history]
+    losses = [v for _, v in history]
+    lo, hi = min(losses), max(losses)
+    span = hi - lo or 1.0
+    first, last = steps[0], steps[-1]
+    columns: list[list[float]] = [[] for _ in range(min(width, len(history)))]
+    for step, loss in history:
+        at = (step - first) * (len(columns) - 1) // max(last - first, 1)
+        columns[at].append(loss)
+    rows = [[" "] * len(columns) for _ in range(height)]
+    for x, values in enumerate(columns):
+        if values:
+            level = (sum(values) / len(values) - lo) / span
+            rows[height - 1 - round(level * (height - 1))][x] = "*"
+    label = max(len(f"{hi:.4g}"), len(f"{lo:.4g}"))
+    lines = []
+    for i, row in enumerate(rows):
+        tag = f"{hi:.4g}" if i == 0 else f"{lo:.4g}" if i == height - 1 else ""
+        lines.append(f"{tag:>{label}} |{''.join(row)}")
+    lines.append(f"{'':>{label}} +{'-' * len(columns)}")
+    left, right = f"step {first}", f"step {last}"
+    gap = " " * max(len(columns) - len(left) - len(right), 2)
+    lines.append(f"{'':>{label}}  {left}{gap}{right}")
+    return "\n".join(lines)
+
+
+def plot_loss(history: list[tuple[int, float]], path: Path, title: str) -> tuple[str | None,
+                                                                                 str]:
+    """Writes the loss curve as a PNG; returns (path or None, what happened)."""
+    if not history:
+        return None, "no metric line came, so there is no loss plot"
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg", force=True)
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None, ("no loss plot: matplotlib is not installed (pip install "
+                      "'airflow-provider-ringflow[plot]')")
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
+    try:
+        ax.plot([s for s, _ in history], [v for _, v in history], marker="." if
+                len(history) < 50 else None)
+        ax.set_xlabel("step")
+        ax.set_ylabel("loss (global batch)")
+        ax.set_title(title)
+        if all(v > 0 for _, v in history) and max(v for _, v in history) / max(
+                min(v for _, v in history), 1e-300) > 50:
+            ax.set_yscale("log")
+        ax.grid(True, alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(path)
+    finally:
+        plt.close(fig)
+    return str(path), f"loss plot: {path}"
+
+
+def finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)

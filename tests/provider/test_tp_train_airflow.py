@@ -1,0 +1,256 @@
+"""TPTrainOperator inside real Airflow: the example DAG parsed by a DagBag, and tasks run by
+the `airflow` CLI (`tasks test`, `dags test`) on the run's Airflow home, their results read
+back from Airflow's metadata database (XCom, asset events, task states).
+
+Each CLI process carries an environment marker (TP_TEST_MARK) that the launcher and ranks
+inherit, so a test can check through /proc that none of them is left.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import textwrap
+import uuid
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+
+from tests.provider.conftest import REPO, VENV_BIN, wait_until
+from tests.provider.test_tp_train_operator import marked, shm_left
+
+pytestmark = [pytest.mark.airflow, pytest.mark.multiproc]
+DAG_ID = "ringflow_tp_train"
+
+
+def airflow(*args: str, mark: str, timeout: float = 180,
+            dags_folder: Path | None = None) -> subprocess.CompletedProcess:
+    """An `airflow` CLI command on the run's home. A DAG file of a test's own is read from its
+    folder as the DAG folder: Airflow 3.3's `dags test -f` refuses a file outside the DAG
+    folder's bundle."""
+    env = {**os.environ, "TP_TEST_MARK": mark, "PYTHONPATH": str(REPO)}
+    if dags_folder is not None:
+        env["AIRFLOW__CORE__DAGS_FOLDER"] = str(dags_folder)
+    return subprocess.run([str(VENV_BIN / "airflow"), *args], capture_output=True, text=True,
+                          env=env, timeout=timeout)
+
+
+def task_states(log: str) -> list[str]:
+    """The states Airflow gave the task instance, in order, from its log. `airflow tasks
+    test` exits 0 whatever the task's outcome (Airflow 3.3), so its log is what tells."""
+    return re.findall(r"Task instance state updated .* new_state=(\w+)", log)
+
+
+@pytest.fixture
+def mark():
+    """A marker for this test's processes; afterwards none of them may be alive."""
+    value = uuid.uuid4().hex
+    yield value
+    wait_until(lambda: not marked(value), 15, "the job's processes to end")
+    assert shm_left() == []
+
+
+def newest_run(dag_id: str) -> tuple[str, str]:
+    from airflow.models.dagrun import DagRun
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        run = session.scalars(select(DagRun).where(DagRun.dag_id == dag_id)
+                              .order_by(DagRun.id.desc()).limit(1)).one()
+        return run.run_id, str(run.state)
+
+
+def task_result(dag_id: str, run_id: str, task_id: str = "train"):
+    """(state, try number, XCom return value, extra of the asset event) of a task's run."""
+    from airflow.models.asset import AssetEvent
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        ti = session.scalars(select(TaskInstance).where(
+            TaskInstance.dag_id == dag_id, TaskInstance.run_id == run_id,
+            TaskInstance.task_id == task_id)).one()
+        row = session.scalars(select(XComModel).where(
+            XComModel.dag_id == dag_id, XComModel.run_id == run_id,
+            XComModel.task_id == task_id, XComModel.key == "return_value")).first()
+        events = session.scalars(select(AssetEvent).where(
+            AssetEvent.source_dag_id == dag_id, AssetEvent.source_run_id == run_id)).all()
+        return (str(ti.state), ti.try_number,
+                XComModel.deserialize_value(row) if row is not None else None,
+                [(event.asset.uri, dict(event.extra)) for event in events])
+
+
+def test_the_example_dag_has_typed_params_in_sections_and_declares_its_asset():
+    from airflow.dag_processing.dagbag import DagBag
+    from airflow.sdk import Asset
+
+    bag = DagBag(dag_folder=str(REPO / "dags"))
+    assert bag.import_errors == {}
+    dag = bag.dags[DAG_ID]
+    (task,) = dag.tasks
+    assert (task.task_id, type(task).__name__, task.retries) == ("train", "TPTrainOperator", 1)
+    assert task.outlets == [Asset("ringflow://ringflow_tp_train/train")]
+    assert set(dag.params.keys()) == {
+        "model", "steps", "global_batch_size", "tensor_parallel_degree", "nproc_per_host",
+        "learning_rate", "optimizer_type", "seed", "log_every"}
+    for name in dag.params:
+        schema = dag.params.get_param(name).schema
+        assert schema.get("type") and schema.get("section"), name
+        assert dag.params.get_param(name).description, name
+    for name in ("steps", "global_batch_size", "tensor_parallel_degree", "nproc_per_host",
+                 "log_every"):
+        assert dag.params.get_param(name).schema["minimum"] == 1, name
+    assert (dag.params["tensor_parallel_degree"], dag.params["nproc_per_host"],
+            dag.params["model"]) == (2, 2, "transformer")
+    downstream = bag.dags["ringflow_tp_train_evaluate"]
+    assert list(downstream.timetable.asset_condition.objects) == task.outlets
+
+
+@pytest.mark.slow
+def test_airflow_tasks_test_trains_with_a_param_override(airflow_home, mark):
+    out = airflow("tasks", "test", DAG_ID, "train", "-t", '{"steps": 30}', mark=mark)
+    log = out.stdout + out.stderr
+    assert (out.returncode, task_states(log)) == (0, ["success"]), log[-4000:]
+    assert ("training transformer on this host: 2 ranks (tensor parallel 2 x data parallel 1), "
+            "30 steps of 32 samples, float32, adam optimizer") in log
+    assert "try 1: no complete checkpoint in" in log
+    assert "step 10/30  loss " in log and "step 30/30  loss " in log
+    assert "step 40/" not in log
+    assert "loss by step:" in log and "loss plot: " in log
+
+
+@pytest.mark.slow
+def test_an_invalid_conf_is_refused_by_the_params_schema_naming_it(airflow_home, mark):
+    out = airflow("tasks", "test", DAG_ID, "train", "-t", '{"steps": 0}', mark=mark)
+    log = out.stdout + out.stderr
+    assert out.returncode != 0
+    assert "Invalid input for param steps: 0 is less than the minimum of 1" in log
+    assert "training transformer" not in log          # nothing started
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("conf, named", [
+    ({"global_batch_size": 33, "tensor_parallel_degree": 1},
+     "global_batch_size 33 is not divisible by the data-parallel degree 2"),
+    ({"tensor_parallel_degree": 4}, "tensor_parallel_degree 4"),
+], ids=["batch-not-divisible", "degree-above-ranks"])
+def test_a_conf_the_schema_allows_but_the_job_refuses_fails_the_task_naming_it(
+        airflow_home, mark, conf, named):
+    out = airflow("tasks", "test", DAG_ID, "train", "-t", json.dumps(conf), mark=mark)
+    log = out.stdout + out.stderr
+    assert task_states(log) == ["failed"], log[-3000:]
+    assert named in log, log[-3000:]
+    assert "AirflowFailException" in log              # a bad value is not retried
+    assert "training transformer" not in log          # nothing started
+
+
+@pytest.mark.slow
+def test_a_dag_run_returns_the_summary_and_emits_the_asset_event(airflow_home, mark):
+    conf = {"model": "mlp", "steps": 12, "log_every": 4, "seed": 3, "optimizer_type": "sgd",
+            "learning_rate": 0.05}
+    out = airflow("dags", "test", DAG_ID, "-c", json.dumps(conf), mark=mark)
+    assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
+    run_id, run_state = newest_run(DAG_ID)
+    state, _, summary, events = task_result(DAG_ID, run_id)
+    assert (run_state, state) == ("success", "success")
+    assert [step for step, _ in summary["loss_history"]] == [1, 4, 8, 12]
+    assert (summary["steps"], summary["world_size"], summary["mp_degree"],
+            summary["dp_degree"], summary["resumed_from"]) == (12, 2, 2, 1, None)
+    spec = json.loads((Path(summary["log_dir"]) / "spec.json").read_text())
+    assert (spec["model"], spec["seed"], spec["optimizer"]) == (
+        "mlp", 3, {"type": "sgd", "learning_rate": 0.05})          # the conf reached the job
+    assert Path(summary["plot"]).read_bytes()[:4] == b"\x89PNG"
+    assert summary["checkpoint"].endswith("/train/step-00000012")
+    assert events == [("ringflow://ringflow_tp_train/train", {
+        "checkpoint": summary["checkpoint"], "host": os.uname().nodename, "step": 12,
+        "final_loss": summary["final_loss"]})]
+
+
+def write_dag(folder: Path, dag_id: str, retries: int, **model_args) -> Path:
+    """A one-task DAG file running the test builder (tests/provider/tp_builders.py)."""
+    path = folder / f"{dag_id}.py"
+    path.write_text(textwrap.dedent(f"""
+        from datetime import timedelta
+        from airflow.sdk import DAG
+        from ringflow_provider.operators.tp_train import TPTrainOperator
+
+        with DAG(dag_id={dag_id!r}, schedule=None, catchup=False):
+            TPTrainOperator(task_id="train", model="tests.provider.tp_builders:build",
+                            model_args={model_args!r}, steps=40, log_every=4,
+                            tensor_parallel_degree=2, checkpoint_every=8,
+                            checkpoint_dir={str(folder / "ckpt")!r},
+                            log_dir={str(folder / "logs")!r} + "/{{{{ ti.try_number }}}}",
+                            extra_env={{"RF_TEST_TRY": "{{{{ ti.try_number }}}}"}},
+                            retries={retries}, retry_delay=timedelta(0))
+        """))
+    return path
+
+
+@pytest.mark.slow
+def test_a_rank_that_raises_fails_the_task_naming_the_rank(airflow_home, mark, tmp_path):
+    dag_id = f"tp_fail_{mark[:8]}"
+    dag_file = write_dag(tmp_path, dag_id, retries=0, fail_rank=1)
+    out = airflow("dags", "test", dag_id, "-f", str(dag_file), mark=mark, dags_folder=tmp_path)
+    log = out.stdout + out.stderr
+    run_id, run_state = newest_run(dag_id)
+    state, tries, summary, events = task_result(dag_id, run_id)
+    assert (run_state, state, tries, summary, events) == ("failed", "failed", 1, None, [])
+    assert "training failed: rank 1 on " in log and "ended with exit code 1" in log, log[-4000:]
+    assert "rank 1 fails on purpose while building the model" in log   # the log's tail
+
+
+@pytest.mark.slow
+def test_a_retry_resumes_from_the_checkpoint_the_failed_try_left(airflow_home, mark, tmp_path):
+    dag_id = f"tp_retry_{mark[:8]}"
+    manifest = tmp_path / "ckpt" / "step-00000008" / "manifest-host-0.json"
+    dag_file = write_dag(tmp_path, dag_id, retries=1, die_on_first_try_after=str(manifest),
+                         hidden_size=256)
+    out = airflow("dags", "test", dag_id, "-f", str(dag_file), mark=mark, dags_folder=tmp_path)
+    log = out.stdout + out.stderr
+    run_id, run_state = newest_run(dag_id)
+    state, tries, summary, _ = task_result(dag_id, run_id)
+    assert (run_state, state, tries) == ("success", "success", 2), log[-4000:]
+    assert "rank 1 dies on purpose after step-00000008" in (tmp_path / "logs" / "1" /
+                                                            "workerlog.1").read_text()
+    resumed = summary["resumed_from"]
+    assert resumed in (8, 16, 24, 32)                  # the newest complete when rank 1 died
+    assert f"try 2: resuming from step {resumed} (checkpoint {tmp_path}/ckpt/step-" in log
+    # the first step a run trains is logged, then every log_every-th
+    assert [s for s, _ in summary["loss_history"]] == [resumed + 1, *range(resumed + 4, 41, 4)]
+    assert summary["steps"] == 40 and summary["log_dir"] == str(tmp_path / "logs" / "2")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
+def test_killing_the_task_process_leaves_no_rank_and_no_segment(airflow_home, mark, sig):
+    """SIGTERM: Airflow's handler runs on_kill and the task fails; SIGKILL: the launcher sees
+    its stdin end and stops the ranks. Either way nothing is left (the `mark` fixture)."""
+    conf = {"steps": 100000, "log_every": 1}
+    proc = subprocess.Popen(
+        [str(VENV_BIN / "airflow"), "tasks", "test", DAG_ID, "train", "-t", json.dumps(conf)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "TP_TEST_MARK": mark, "PYTHONPATH": str(REPO)})
+    seen = []
+    try:
+        for line in proc.stdout:
+            seen.append(line)
+            if "step 3/100000" in line:
+                break
+        assert len(marked(mark)) >= 4, "".join(seen)[-3000:]  # CLI, launcher, 2 ranks
+        proc.send_signal(sig)
+        rest, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate(timeout=30)
+    if sig == signal.SIGTERM:
+        assert "was killed (on_kill); its ranks were stopped" in rest, rest[-3000:]
+        assert task_states(rest) == ["up_for_retry"], rest[-3000:]   # retries=1, as Airflow does
+    else:
+        assert proc.returncode == -signal.SIGKILL
+    wait_until(lambda: not marked(mark), 15, "the launcher and the ranks to stop")

@@ -1,0 +1,308 @@
+"""TPTrainOperator.execute / on_kill with real launcher and rank processes on this host.
+
+These call ``execute()`` in-process with a minimal context (the task instance's ids), as
+test_poprun_operator.py does; test_tp_train_airflow.py runs the operator through Airflow.
+Every test tags its processes with an environment marker and checks through /proc that
+none is left, and that no shared-memory segment is.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from airflow.sdk import Asset
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
+from ringflow_provider.operators.tp_train import TPTrainOperator
+from tests.provider.conftest import REPO, wait_until
+from tests.provider.test_poprun_operator import RecordingLog
+
+pytestmark = [pytest.mark.multiproc]
+SECRET = "s3cr3t-" + "5ab" * 8
+
+
+def marked(mark: str) -> list[int]:
+    """Live processes whose environment carries TP_TEST_MARK=<mark>."""
+    needle = f"TP_TEST_MARK={mark}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            if stat[stat.rfind(")") + 2] not in "ZX" and \
+                    needle in (entry / "environ").read_bytes().split(b"\0"):
+                found.append(int(entry.name))
+        except (OSError, IndexError):
+            continue
+    return found
+
+
+def shm_left() -> list[str]:
+    return [n for n in os.listdir("/dev/shm") if n.startswith("ringflow-")]
+
+
+@pytest.fixture
+def make(tmp_path):
+    """An operator on a small MLP job in tmp_path, its log recorded; checks afterwards that
+    nothing it started is still running."""
+    made = []
+
+    def factory(**overrides):
+        mark = uuid.uuid4().hex
+        args = dict(task_id="train", model="mlp", model_args={"input_size": 8,
+                                                              "hidden_size": 16,
+                                                              "num_classes": 4},
+                    steps=12, log_every=4, tensor_parallel_degree=2, nproc_per_host=2,
+                    checkpoint_dir=str(tmp_path / "ckpt"), checkpoint_every=4,
+                    log_dir=str(tmp_path / "logs"),
+                    extra_env={"TP_TEST_MARK": mark, "PYTHONPATH": str(REPO)})
+        args.update(overrides)
+        op = TPTrainOperator(**args)
+        op._cached_logger = RecordingLog()
+        op.mark = mark
+        made.append(op)
+        return op
+
+    yield factory
+    for op in made:
+        wait_until(lambda op=op: not marked(op.mark), 15, "the job's processes to end")
+
+
+def ctx(try_number: int = 1, run_id: str = "run1", events=None) -> dict:
+    ti = SimpleNamespace(dag_id="tp_test", task_id="train", run_id=run_id,
+                         try_number=try_number)
+    context = {"ti": ti}
+    if events is not None:
+        context["outlet_events"] = events
+    return context
+
+
+def log_text(op) -> str:
+    return "\n".join(message for _, message in op.log.records)
+
+
+class Events(dict):
+    """Stands in for Airflow's outlet_events accessor: ``events[asset].extra = {...}``."""
+
+    def __missing__(self, key):
+        self[key] = SimpleNamespace(extra={})
+        return self[key]
+
+
+def test_a_job_returns_its_summary_logs_progress_and_writes_checkpoints(make, tmp_path):
+    op = make()
+    summary = op.execute(ctx())
+    assert set(summary) == {"final_loss", "loss_history", "samples_per_s", "steps",
+                            "world_size", "mp_degree", "dp_degree", "checkpoint", "log_dir",
+                            "plot", "resumed_from"}
+    assert [s for s, _ in summary["loss_history"]] == [1, 4, 8, 12]
+    assert summary["final_loss"] == summary["loss_history"][-1][1]
+    assert (summary["steps"], summary["world_size"], summary["mp_degree"],
+            summary["dp_degree"], summary["resumed_from"]) == (12, 2, 2, 1, None)
+    assert summary["checkpoint"] == str(tmp_path / "ckpt" / "step-00000012")
+    assert sorted(p.name for p in (tmp_path / "ckpt" / "step-00000012").iterdir()) == [
+        "manifest-host-0.json", "rank-0.npz", "rank-1.npz"]
+    text = log_text(op)
+    assert "step 8/12  loss " in text and "samples/s  eta " in text
+    assert "[train] metric" not in text            # machine lines become progress lines
+    assert "loss by step:" in text
+    assert (tmp_path / "logs" / "workerlog.1").exists()
+    assert shm_left() == []
+
+
+def test_the_loss_plot_is_a_png_next_to_the_logs(make, tmp_path):
+    # matplotlib is the `plot` extra, which make test installs: no skip when it is missing
+    summary = make().execute(ctx())
+    assert summary["plot"] == str(tmp_path / "logs" / "loss.png")
+    assert Path(summary["plot"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_without_matplotlib_the_log_says_why_there_is_no_plot(make, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    op = make()
+    summary = op.execute(ctx())
+    assert summary["plot"] is None
+    assert not (tmp_path / "logs" / "loss.png").exists()
+    assert "no loss plot: matplotlib is not installed" in log_text(op)
+    assert "loss by step:" in log_text(op)       # the text chart needs nothing
+
+
+def test_a_successful_run_emits_the_asset_event_with_the_checkpoint(make):
+    op = make()
+    asset = Asset("ringflow://tp_test/train")
+    op.outlets = [asset]
+    events = Events()
+    summary = op.execute(ctx(events=events))
+    extra = events[asset].extra
+    assert extra == {"checkpoint": summary["checkpoint"], "host": os.uname().nodename,
+                     "step": 12, "final_loss": summary["final_loss"]}
+
+
+def test_a_secret_reaches_the_ranks_over_stdin_and_no_log_or_command_line(make):
+    import hashlib
+
+    op = make(model="tests.provider.tp_builders:build",
+              model_args={"secret_var": "WANDB_KEY"}, secret_env={"WANDB_KEY": SECRET})
+    op.execute(ctx())
+    text = log_text(op)
+    digest = hashlib.sha256(SECRET.encode()).hexdigest()[:12]
+    assert f"secret WANDB_KEY digest {digest}" in text
+    assert "secret WANDB_KEY on command lines: 0" in text
+    assert SECRET not in text
+    spec = (Path(op.log_dir) / "spec.json").read_text()
+    assert SECRET not in spec
+
+
+def test_a_rank_that_raises_fails_the_task_naming_rank_code_cause_and_log_tail(make):
+    op = make(model="tests.provider.tp_builders:build", model_args={"fail_rank": 1})
+    with pytest.raises(AirflowException) as err:
+        op.execute(ctx())
+    message = str(err.value)
+    assert "training failed: rank 1 on 127.0.0.1 ended with exit code 1" in message
+    assert "rank 1 fails on purpose while building the model" in message
+    assert "workerlog.1" in message
+    assert not isinstance(err.value, AirflowFailException)    # a retry may help
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"steps": 0}, "steps: Input should be greater than or equal to 1 (got 0)"),
+    ({"global_batch_size": 31, "tensor_parallel_degree": 1},
+     "global_batch_size 31 is not divisible by the data-parallel degree 2"),
+    ({"tensor_parallel_degree": 3}, "does not divide"),
+    ({"optimizer": '{"type": "adam", "beta3": 1}'}, "unknown argument 'beta3' for adam"),
+    ({"nproc_per_host": "two"}, "nproc_per_host must be an integer >= 1, got 'two'"),
+], ids=["steps", "batch", "degree", "optimizer", "nproc"])
+def test_a_bad_value_fails_before_anything_starts_naming_it(make, tmp_path, overrides,
+                                                           message):
+    op = make(**overrides)
+    with pytest.raises(AirflowFailException, match=re.escape(message)):
+        op.execute(ctx())
+    assert not (tmp_path / "logs").exists()
+
+
+def test_a_secret_in_a_bad_value_is_masked_in_the_error(make):
+    op = make(secret_env={"API_TOKEN": SECRET}, model=f"bad model {SECRET}")
+    op.render_template_fields({})
+    with pytest.raises(AirflowFailException) as err:
+        op.execute(ctx())
+    assert SECRET not in str(err.value) and "***" in str(err.value)
+
+
+def run_in_thread(op, context):
+    outcome: dict = {}
+
+    def target():
+        try:
+            outcome["result"] = op.execute(context)
+        except BaseException as exc:
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    return thread, outcome
+
+
+def slow(make, **overrides):
+    """A job long enough to be killed mid-training."""
+    return make(steps=100000, log_every=1, checkpoint_every=5,
+                model_args={"input_size": 8, "hidden_size": 512, "num_classes": 4},
+                global_batch_size=512, **overrides)
+
+
+def test_on_kill_stops_every_rank_within_the_kill_window_and_execute_raises(make):
+    op = slow(make)
+    thread, outcome = run_in_thread(op, ctx())
+    wait_until(lambda: "step 3/" in log_text(op), 60, "training to start")
+    started = time.monotonic()
+    op.on_kill()
+    assert time.monotonic() - started < 2.0
+    thread.join(10)
+    assert not thread.is_alive()
+    assert "was killed (on_kill)" in str(outcome["error"])
+    wait_until(lambda: not marked(op.mark), 8, "every rank to be gone")
+    assert shm_left() == []
+
+
+def test_a_retry_resumes_from_the_newest_checkpoint_and_says_so(make, tmp_path):
+    op = slow(make)
+    thread, _ = run_in_thread(op, ctx())
+    wait_until(lambda: "step 12/" in log_text(op), 60, "step 12")
+    op.on_kill()
+    thread.join(10)
+    wait_until(lambda: not marked(op.mark), 8, "the first try to end")
+    complete = sorted(int(d.name.split("-")[1]) for d in (tmp_path / "ckpt").iterdir()
+                      if (d / "manifest-host-0.json").exists())
+    newest = complete[-1]
+    assert newest >= 10 and newest % 5 == 0
+    retry = make(steps=newest + 3, log_every=1, checkpoint_every=5,
+                 model_args={"input_size": 8, "hidden_size": 512, "num_classes": 4},
+                 global_batch_size=512, log_dir=str(tmp_path / "logs2"))
+    summary = retry.execute(ctx(try_number=2))
+    assert f"try 2: resuming from step {newest}" in log_text(retry)
+    assert summary["resumed_from"] == newest
+    assert [s for s, _ in summary["loss_history"]] == [newest + 1, newest + 2, newest + 3]
+
+
+def test_sigkill_of_the_task_process_leaves_no_rank_and_no_segment(tmp_path):
+    mark = uuid.uuid4().hex
+    script = tmp_path / "task.py"
+    script.write_text(f"""
+import sys
+from types import SimpleNamespace
+from ringflow_provider.operators.tp_train import TPTrainOperator
+
+class Echo:
+    def _say(self, msg, *args, **kwargs):
+        print(msg % args if args else msg, flush=True)
+
+    debug = info = warning = error = exception = _say
+
+op = TPTrainOperator(task_id="train", model="mlp", steps=100000, log_every=1,
+                     model_args={{"hidden_size": 512}}, tensor_parallel_degree=2,
+                     checkpoint_dir=None, log_dir={str(tmp_path / "logs")!r},
+                     extra_env={{"TP_TEST_MARK": {mark!r}, "PYTHONPATH": {str(REPO)!r}}})
+op._cached_logger = Echo()
+op.execute({{"ti": SimpleNamespace(dag_id="d", task_id="train", run_id="r", try_number=1)}})
+""")
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, cwd=REPO,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        seen = []
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            seen.append(line)
+            if line.startswith("step 3/"):
+                break
+        else:
+            pytest.fail("no progress line:\n" + "".join(seen))
+        assert len(marked(mark)) >= 3       # the launcher and its two ranks
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        wait_until(lambda: not marked(mark), 15, "the launcher and ranks to stop")
+        assert shm_left() == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+
+def test_a_nan_loss_fails_without_retry_naming_the_step(make):
+    op = make(model="mlp", optimizer={"type": "sgd", "learning_rate": 1e30})
+    with pytest.raises(AirflowFailException) as err:
+        op.execute(ctx())
+    message = str(err.value)
+    assert "the loss is nan" in message or "the loss is inf" in message
+    assert "at step" in message and "not retried" in message

@@ -1,0 +1,59 @@
+"""Model builders for the TPTrainOperator tests, imported by the training ranks
+(``model="tests.provider.tp_builders:build"``; the tests put the repository on PYTHONPATH).
+
+``build`` is the built-in MLP plus what a test needs to see from inside a rank: a rank that
+raises while building, a rank that dies (exit 7) once a checkpoint is complete when the
+environment says it is the task's first try (``RF_TEST_TRY=1``, templated from
+``ti.try_number``), and, on rank 0, a proof that a secret arrived (a digest, never the
+value) and a scan of every process's command line for it while the job runs."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+import time
+from pathlib import Path
+
+from ringflow.models import mlp
+
+
+def build(mp_degree: int, dtype: str, fail_rank: int = -1, secret_var: str = "",
+          die_on_first_try_after: str = "", **kwargs):
+    rank = int(os.environ.get("PADDLE_TRAINER_ID", "0"))
+    if rank == fail_rank:
+        raise RuntimeError(f"rank {rank} fails on purpose while building the model")
+    if die_on_first_try_after and rank == 1 and os.environ.get("RF_TEST_TRY") == "1":
+        _die_when_complete(Path(die_on_first_try_after))
+    if secret_var and rank == 0:
+        value = os.environ.get(secret_var, "")
+        digest = hashlib.sha256(value.encode()).hexdigest()[:12] if value else "missing"
+        print(f"secret {secret_var} digest {digest}", flush=True)
+        print(f"secret {secret_var} on command lines: {_on_command_lines(value)}", flush=True)
+    sizes = {"input_size": 8, "hidden_size": 16, "num_classes": 4, **kwargs}
+    return mlp(mp_degree=mp_degree, dtype=dtype, **sizes)
+
+
+def _die_when_complete(manifest: Path) -> None:
+    """Exit 7 as soon as ``manifest`` exists (a checkpoint complete on this host)."""
+    def watch() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not manifest.exists():
+            time.sleep(0.002)
+        print(f"rank 1 dies on purpose after {manifest.parent.name}", flush=True)
+        os._exit(7)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
+def _on_command_lines(value: str) -> int:
+    if not value:
+        return 0
+    found = 0
+    for entry in Path("/proc").iterdir():
+        try:
+            if value.encode() in (entry / "cmdline").read_bytes():
+                found += 1
+        except OSError:
+            continue
+    return found
