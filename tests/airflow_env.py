@@ -31,6 +31,8 @@ os.environ.update(
     AIRFLOW__CORE__DAGS_FOLDER=str(REPO / "dags"),
     AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=f"sqlite:///{AIRFLOW_HOME}/airflow.db",
     AIRFLOW__CORE__UNIT_TEST_MODE="False",
+    # TPTrainOperator's default log and checkpoint folders: inside the run's home, not ~
+    RINGFLOW_HOME=str(AIRFLOW_HOME / "ringflow"),
 )
 
 

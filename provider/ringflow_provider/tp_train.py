@@ -149,6 +149,22 @@ class JobReport:
         return None
 
 
+# A rank's last words: ringflow.train's own error lines, else a Python exception's last line
+# (``CommError: ...``, ``RuntimeError: ...``).
+_CAUSE = re.compile(r"^(?:\[rank \d+\] )?(?P<text>\[train\] error: .*|python -m ringflow\.train: "
+                    r"error: .*|(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Exit|Interrupt)"
+                    r"(?:: .*)?)$")
+
+
+def failure_cause(lines: list[str]) -> str | None:
+    """Why a rank failed, from the tail of its log: the last error line there, or None."""
+    for line in reversed(lines):
+        found = _CAUSE.match(line.strip())
+        if found:
+            return found["text"]
+    return None
+
+
 # pictures -----------------------------------------------------------------------------------
 def text_chart(history: list[tuple[int, float]], width: int = 60, height: int = 10) -> str:
     """The loss curve as text for the task log: one column per step bucket (its mean), a

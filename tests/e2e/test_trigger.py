@@ -7,6 +7,7 @@ DAG_CASES is the table of DAGs and what a trigger must do; a new example DAG is 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,12 +39,6 @@ class DagCase:
         return self.dag_id
 
 
-# Adding a DAG: one entry, e.g. for dags/ringflow_tp_train.py
-#     DagCase("ringflow_tp_train", "train",
-#             conf={"steps": 20, "log_every": 10, "seed": 3},
-#             expected={"steps": 20, "world_size": 2, "mp_degree": 2, "dp_degree": 1,
-#                       "final_loss": math.isfinite},
-#             invalid_conf={"steps": 0}, run_timeout_s=180),
 DAG_CASES = [
     # dry_run keeps its default (True): PopRunOperator.execute validates the params, renders
     # the PopRun command and returns its summary, with no SSH and no IPU.
@@ -55,6 +50,15 @@ DAG_CASES = [
                       and any("-x RUN_TOKEN=***" in arg for arg in argv)
                       and not any("tok-e2e-4410" in arg for arg in argv)},
             invalid_conf={"num_ipus": 0}),
+    # The main job: the transformer, tensor parallel 2 on 2 local ranks, fewer steps.
+    DagCase("ringflow_tp_train", "train",
+            conf={"steps": 20, "log_every": 5, "seed": 3},
+            expected={"steps": 20, "world_size": 2, "mp_degree": 2, "dp_degree": 1,
+                      "resumed_from": None,
+                      "loss_history": lambda h: [s for s, _ in h] == [1, 5, 10, 15, 20]
+                      and h[-1][1] < h[0][1],
+                      "final_loss": lambda v: isinstance(v, float) and math.isfinite(v)},
+            invalid_conf={"steps": 0}, run_timeout_s=180),
 ]
 
 
@@ -70,7 +74,8 @@ class FormCase:
     run_timeout_s: float = 90.0
 
 
-FORM_CASE = FormCase("ringflow_poprun", "num_ipus", "8", 8)
+FORM_CASES = [FormCase("ringflow_poprun", "num_ipus", "8", 8),
+              FormCase("ringflow_tp_train", "steps", "15", 15, run_timeout_s=180)]
 
 
 def _mismatches(actual: dict, expected: dict) -> dict:
@@ -115,9 +120,10 @@ def test_rest_trigger_with_a_conf_the_params_refuse_is_400_and_creates_no_run(
     assert api.run_ids(case.dag_id) == before
 
 
+@pytest.mark.parametrize("case", FORM_CASES, ids=lambda c: c.dag_id)
 def test_trigger_form_in_chromium_starts_a_run_with_the_changed_param(airflow_services,
-                                                                      airflow_ui):
-    case, api, page = FORM_CASE, airflow_services.api, airflow_ui
+                                                                      airflow_ui, case):
+    api, page = airflow_services.api, airflow_ui
     api.unpause(case.dag_id)
     params = api.params(case.dag_id)
     section = params[case.param]["schema"].get("section") or UI_SECTION_DEFAULT

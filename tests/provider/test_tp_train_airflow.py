@@ -200,7 +200,8 @@ def test_a_rank_that_raises_fails_the_task_naming_the_rank(airflow_home, mark, t
     run_id, run_state = newest_run(dag_id)
     state, tries, summary, events = task_result(dag_id, run_id)
     assert (run_state, state, tries, summary, events) == ("failed", "failed", 1, None, [])
-    assert "training failed: rank 1 on " in log and "ended with exit code 1" in log, log[-4000:]
+    assert ("training failed: rank 1 on 127.0.0.1 (pid " in log and "failed first with exit "
+            "code 1: RuntimeError: rank 1 fails on purpose" in log), log[-4000:]
     assert "rank 1 fails on purpose while building the model" in log   # the log's tail
 
 

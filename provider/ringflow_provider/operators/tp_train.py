@@ -27,6 +27,7 @@ from ringflow_provider.jobs import LocalJob, Secrets
 from ringflow_provider.tp_train import (
     SPEC_FIELDS,
     JobReport,
+    failure_cause,
     json_text,
     launcher_argv,
     parse_spec,
@@ -36,22 +37,27 @@ from ringflow_provider.tp_train import (
     text_chart,
 )
 
-__all__ = ["DEFAULT_CHECKPOINT_DIR", "DEFAULT_LOG_DIR", "TPTrainOperator"]
+__all__ = ["DEFAULT_CHECKPOINT_DIR", "DEFAULT_LOG_DIR", "TPTrainOperator", "ringflow_home"]
 
-DEFAULT_LOG_DIR = "~/.ringflow/runs/{dag_id}/{run_id}/{task_id}/try-{try_number}"
+# {home} is $RINGFLOW_HOME, else ~/.ringflow (ringflow_home())
+DEFAULT_LOG_DIR = "{home}/runs/{dag_id}/{run_id}/{task_id}/try-{try_number}"
 # shared by the tries of a task, so a retry resumes where the failed try left off
-DEFAULT_CHECKPOINT_DIR = "~/.ringflow/checkpoints/{dag_id}/{run_id}/{task_id}"
+DEFAULT_CHECKPOINT_DIR = "{home}/checkpoints/{dag_id}/{run_id}/{task_id}"
 _DEFAULT = "default"
 # exit codes of ringflow.train that a retry cannot fix: a bad spec (2), a NaN/inf loss (3)
 _NO_RETRY = {2: "the job spec or checkpoint was refused", 3: "the loss became NaN or inf"}
 _STOP_GRACE_S = 4.0  # SIGTERM -> SIGKILL; Airflow allows about 5 s after its SIGTERM
 
 
-def _signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return str(number)
+def _how(exit_code: int) -> str:
+    """``exit code 137 (128+9: SIGKILL)``, as a shell reports a process a signal ended."""
+    if 128 < exit_code <= 128 + 64:
+        try:
+            name = signal.Signals(exit_code - 128).name
+        except ValueError:
+            name = f"signal {exit_code - 128}"
+        return f"exit code {exit_code} (128+{exit_code - 128}: {name})"
+    return f"exit code {exit_code}"
 
 
 class TPTrainOperator(BaseOperator):
@@ -84,7 +90,8 @@ class TPTrainOperator(BaseOperator):
     :param log_every: a progress line every this many steps, default 10 (templated)
     :param checkpoint_dir: where checkpoints go; default
         ``~/.ringflow/checkpoints/<dag_id>/<run_id>/<task_id>`` (shared by the tries of a
-        task, so a retry resumes); None: no checkpoints (templated)
+        task, so a retry resumes); None: no checkpoints (templated). In both default
+        folders ``$RINGFLOW_HOME``, if set, replaces ``~/.ringflow``.
     :param checkpoint_every: a checkpoint every this many steps and at the last, default 100
         (templated)
     :param resume: resume from the newest complete checkpoint, default True (templated)
@@ -166,8 +173,9 @@ class TPTrainOperator(BaseOperator):
         """The rendered arguments, validated: (spec, nproc, log dir, extra env, secret env).
         A bad value fails the task at once, without retries, naming field and value."""
         ti = context["ti"]
-        ids = {"dag_id": path_part(ti.dag_id), "run_id": path_part(ti.run_id),
-               "task_id": path_part(ti.task_id), "try_number": _try_number(ti)}
+        ids = {"home": ringflow_home(), "dag_id": path_part(ti.dag_id),
+               "run_id": path_part(ti.run_id), "task_id": path_part(ti.task_id),
+               "try_number": _try_number(ti)}
         try:
             values = {name: getattr(self, name) for name in SPEC_FIELDS}
             if values["checkpoint_dir"] == _DEFAULT:
@@ -273,22 +281,24 @@ class TPTrainOperator(BaseOperator):
     def _fail(self, exit_code: int, report: JobReport, log_dir: Path) -> None:
         result = report.result or {}
         rank = result.get("failed_rank")
-        cause = result.get("cause") or f"the launcher exited with {exit_code}"
-        how = f"exit code {exit_code}"
-        if 128 < exit_code <= 128 + 64:
-            how += f" (128+{exit_code - 128}: {_signal_name(exit_code - 128)})"
-        where = f"rank {rank} on {result.get('host', 'this host')}" if rank is not None \
-            else "the launcher on this host"
-        source = f"workerlog.{rank}" if rank is not None else "its output"
-        tail = _log_tail(log_dir, rank) if rank is not None else (self._job.tail if self._job
-                                                                  else [])
-        rank_code = next((r.get("exit_code") for r in result.get("ranks", [])
-                          if r.get("rank") == rank), exit_code)
-        message = self._secrets.mask(
-            f"training failed: {where} ended with exit code {rank_code} ({cause}); the job "
-            f"ended with {how}; last {len(tail)} lines of {source}:\n" + "\n".join(tail))
-        if rank_code in _NO_RETRY:
-            raise AirflowFailException(f"{message}\n(not retried: {_NO_RETRY[rank_code]})")
+        if rank is None:  # the launcher itself failed (or gave no result line)
+            tail = self._job.tail if self._job else []
+            where = (f"the launcher on this host ended with {_how(exit_code)} "
+                     f"({result.get('cause') or 'no result line'})")
+            source = "its output"
+        else:
+            tail = _log_tail(log_dir, rank)
+            info = next((r for r in result.get("ranks", []) if r.get("rank") == rank), {})
+            code = info.get("exit_code", exit_code)
+            cause = failure_cause(tail) or result.get("cause") or "no cause in its log"
+            where = (f"rank {rank} on {result.get('host', 'this host')} (pid "
+                     f"{info.get('pid', '?')}) failed first with {_how(code)}: {cause}")
+            source = str(log_dir / f"workerlog.{rank}")
+            exit_code = code
+        message = self._secrets.mask(f"training failed: {where}; last {len(tail)} lines of "
+                                     f"{source}:\n" + "\n".join(tail))
+        if exit_code in _NO_RETRY:
+            raise AirflowFailException(f"{message}\n(not retried: {_NO_RETRY[exit_code]})")
         raise AirflowException(message)
 
     def _summary(self, spec: Any, nproc: int, log_dir: Path, report: JobReport
@@ -321,6 +331,12 @@ class TPTrainOperator(BaseOperator):
         self._killed = True
         if self._job is not None:
             self.log.info("on_kill: %s", self._job.stop())
+
+
+def ringflow_home() -> str:
+    """The folder of the default log and checkpoint folders on this host: $RINGFLOW_HOME,
+    else ~/.ringflow."""
+    return os.path.expanduser(os.environ.get("RINGFLOW_HOME") or "~/.ringflow")
 
 
 def _try_number(ti: Any) -> int:
