@@ -12,8 +12,16 @@ host. Host keys are verified (apache-airflow-providers-ssh 7): put the hosts in 
 poprun then starts the instances on the other hosts through mpirun, which needs passwordless
 SSH from the launch host (the first host unless `launch_host` is set) to every host.
 
-Every PopRun field is a param of the trigger form. `dry_run` is on by default: the task only
-renders, validates and logs the command; switch it off to run the job.
+Every PopRun field but three is a param of the trigger form; **params reach the hosts**
+(hosts, script arguments and `extra_env` end up on poprun's command line there), so whoever
+may trigger this DAG may run that script with those arguments. Which connection, interpreter
+and poprun executable a run uses is the DAG author's choice, not the trigger form's: edit
+`SSH_CONN_ID`, `PYTHON` and `POPRUN` below. Secrets do not belong in params (a run's conf is
+stored and shown as given): give them as `secret_env={"NAME": "{{ var.value.name }}"}` in
+the operator, which sends them over SSH's stdin, never on a command line. `dry_run` is on by
+default: the task only renders, validates and logs the command; switch it off to run the
+job. `ringflow_job` makes a job id and a secret job token per try for instances that are
+ringflow workers.
 """
 
 from __future__ import annotations
@@ -23,6 +31,9 @@ from airflow.sdk import DAG, Param
 from ringflow_provider.operators.poprun import PopRunOperator
 
 JOB, OPTIONS, RUN = "PopRun job", "PopRun options", "How to run"
+SSH_CONN_ID = "ssh_default"  # an Airflow connection of type ssh that reaches every host
+PYTHON = "python3"           # the interpreter on the hosts
+POPRUN = "poprun"            # the poprun executable on the launch host
 
 
 def _list_param(default: list, description: str, section: str = OPTIONS) -> Param:
@@ -48,8 +59,6 @@ PARAMS = {
                              description="Script every instance runs, as a path on the hosts"),
     "training_script_args": _list_param([], "Arguments of the training script, one per item",
                                          JOB),
-    "python": Param("python3", type="string", minLength=1, section=JOB,
-                    description="Python interpreter on the hosts"),
     "popart_log_level": Param(None, type=["null", "string"], section=OPTIONS,
                               enum=[None, "TRACE", "DEBUG", "INFO", "WARN", "ERR", "CRITICAL",
                                     "OFF"],
@@ -71,14 +80,13 @@ PARAMS = {
                        section=OPTIONS,
                        description="Variables exported to every instance (mpirun -x NAME=VALUE)."
                                    " Not for secrets: trigger params are stored and shown"),
-    "poprun": Param("poprun", type="string", minLength=1, section=OPTIONS,
-                    description="The poprun executable on the launch host"),
-    "ssh_conn_id": Param("ssh_default", type="string", minLength=1, section=RUN,
-                         description="Airflow connection of type ssh that reaches every host"),
     "launch_host": Param(None, type=["null", "string"], section=RUN,
                          description="Host that runs poprun; empty: the first of hosts"),
     "dry_run": Param(True, type="boolean", section=RUN,
                      description="Only render, validate and log the command; no SSH"),
+    "ringflow_job": Param(False, type="boolean", section=RUN,
+                          description="The instances are ringflow workers: give them a job id "
+                                      "and a secret job token per try"),
 }
 
 with DAG(
@@ -100,7 +108,7 @@ with DAG(
         vipu_server="{{ params.vipu_server }}",
         training_script="{{ params.training_script }}",
         training_script_args="{{ params.training_script_args | tojson }}",
-        python="{{ params.python }}",
+        python=PYTHON,
         popart_log_level="{{ params.popart_log_level or '' }}",
         endpoint_port="{{ params.endpoint_port }}",
         update_partition="{{ params.update_partition }}",
@@ -110,8 +118,9 @@ with DAG(
         mpi_global_args="{{ params.mpi_global_args | tojson }}",
         extra_poprun_args="{{ params.extra_poprun_args | tojson }}",
         extra_env="{{ params.extra_env | tojson }}",
-        poprun="{{ params.poprun }}",
-        ssh_conn_id="{{ params.ssh_conn_id }}",
+        poprun=POPRUN,
+        ssh_conn_id=SSH_CONN_ID,
         launch_host="{{ params.launch_host or '' }}",
         dry_run="{{ params.dry_run }}",
+        ringflow_job="{{ params.ringflow_job }}",
     )

@@ -124,6 +124,21 @@ def _check_env(env: dict[str, str]) -> dict[str, str]:
     return env
 
 
+def _check_secret_env(env: dict[str, str]) -> dict[str, str]:
+    """secret_env values travel as one line each on the SSH channel's stdin and reach mpirun
+    as a bare `-x NAME`: any character but a line break or NUL. Messages never quote them."""
+    for name, value in env.items():
+        if not _ENV_NAME.match(name):
+            raise ValueError(
+                f"secret_env name {name!r} is not an identifier ([A-Za-z_][A-Za-z0-9_]*)"
+            )
+        if name in RESERVED_ENV or name.startswith("RINGFLOW_"):
+            raise ValueError(f"secret_env name {name!r} is set by the composition itself")
+        if any(c in value for c in "\n\r\0"):
+            raise ValueError(f"secret_env {name}: the value holds a line break or NUL")
+    return env
+
+
 def _check_flags(flags: list[str]) -> list[str]:
     for flag in flags:
         if not flag.startswith("-"):
@@ -158,6 +173,11 @@ Env = Annotated[
     dict[str, str] | None,
     BeforeValidator(lambda v: _json_text(_none_text(v), "extra_env")),
     AfterValidator(lambda v: None if v is None else _check_env(v)),
+]
+SecretEnv = Annotated[
+    dict[str, str] | None,
+    BeforeValidator(lambda v: _json_text(_none_text(v), "secret_env")),
+    AfterValidator(lambda v: None if v is None else _check_secret_env(v)),
 ]
 Flags = Annotated[
     list[str] | None,
@@ -199,6 +219,7 @@ class PopRunConfig(BaseModel):
     mpi_global_args: MpiArgs = None
     extra_poprun_args: Flags = None
     extra_env: Env = None
+    secret_env: SecretEnv = None
     poprun: Text = "poprun"
 
     @property
@@ -223,11 +244,26 @@ class PopRunConfig(BaseModel):
                 f"{self.num_instances} ({len(self.hosts)} hosts x nproc_per_host "
                 f"{self.nproc_per_host})"
             )
+        clash = sorted(set(self.extra_env or {}) & set(self.secret_env or {}))
+        if clash:
+            raise ValueError(f"{', '.join(clash)} in both extra_env and secret_env")
         return self
 
     def secret_env_names(self) -> list[str]:
         """extra_env names whose values must never reach a log (jobs.masking's rule)."""
         return [name for name in (self.extra_env or {}) if is_secret_name(name)]
+
+    def hidden_env(self) -> dict[str, str]:
+        """The variables whose values travel over stdin, never a command line: extra_env's
+        under secret names, and every secret_env one."""
+        env = self.extra_env or {}
+        return {**{name: env[name] for name in self.secret_env_names()},
+                **(self.secret_env or {})}
+
+    def plain_env(self) -> dict[str, str]:
+        """extra_env's other variables: exported as quoted text, `-x NAME=VALUE` for mpirun."""
+        hidden = set(self.secret_env_names())
+        return {k: v for k, v in (self.extra_env or {}).items() if k not in hidden}
 
 
 FIELD_NAMES: tuple[str, ...] = tuple(PopRunConfig.model_fields)

@@ -33,6 +33,7 @@ __all__ = [
     "secret_env_values",
     "secret_values",
     "validate_field",
+    "with_env_slots",
 ]
 
 def _yes_no(flag: bool) -> str:
@@ -94,17 +95,45 @@ def build_poprun_argv(config: PopRunConfig) -> list[str]:
     return argv
 
 
+_LOCAL_ARGS = "--mpi-local-args="
+
+
+def with_env_slots(argv: list[str], secret: Iterable[str] = (),
+                   plain: Mapping[str, str] | None = None) -> list[str]:
+    """The argv sent to the launch host: `build_poprun_argv`'s, with a bare `-x NAME` for
+    each `secret` name (its `-x NAME=VALUE` slot in --mpi-local-args made bare, or one
+    appended) and `-x NAME=VALUE` appended for each `plain` variable. mpirun exports a bare
+    `-x NAME` with the value of its own environment, which the launch script set from the
+    SSH channel's stdin: so no secret value is on poprun's (or any) command line."""
+    plain = dict(plain or {})
+    out = list(argv)
+    at = next(i for i, token in enumerate(out) if token.startswith(_LOCAL_ARGS))
+    words = out[at][len(_LOCAL_ARGS):].split()
+    # -x NAME=VALUE pairs; values hold no whitespace (models.check_mpi_value)
+    items = [(words[i + 1].partition("=")[0], words[i + 1]) for i in range(0, len(words), 2)]
+    names = [name for name, _ in items]
+    for name in plain:
+        if name in names:
+            raise ConfigError(f"{name} is in poprun's -x list already")
+    hidden = set(secret)
+    items = [(name, name if name in hidden else item) for name, item in items]
+    items += [(name, name) for name in secret if name not in names]
+    items += [(name, f"{name}={value}") for name, value in plain.items()]
+    out[at] = _LOCAL_ARGS + " ".join(f"-x {item}" for _, item in items)
+    return out
+
+
 def render_poprun_command(config: PopRunConfig) -> str:
     """The argv as one POSIX shell string: `shlex.split(result) == build_poprun_argv(config)`."""
     return shlex.join(build_poprun_argv(config))
 
 
 def secret_values(config: PopRunConfig, extra: Iterable[str | None] = ()) -> list[str]:
-    """Values to mask: extra_env values under secret names (jobs.masking's rule), plus
-    `extra` (passwords). A value shorter than MIN_MASKED_LEN is masked only in its own
-    `-x NAME=` slot of the argv (mask_argv), not wherever it occurs."""
-    env = config.extra_env or {}
-    values = [env[name] for name in config.secret_env_names()] + [v for v in extra if v]
+    """Values to mask: extra_env values under secret names (jobs.masking's rule), every
+    secret_env value, plus `extra` (passwords, the job token). A value shorter than
+    MIN_MASKED_LEN is not masked wherever it occurs (as in Airflow's masker); the argv sent
+    (`with_env_slots`) has no slot for any of them to show in."""
+    values = [*config.hidden_env().values(), *(v for v in extra if v)]
     # Longest first, so a secret that contains another is masked whole.
     return sorted({v for v in values if v}, key=len, reverse=True)
 

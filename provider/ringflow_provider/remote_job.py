@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import re
 import shlex
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 PGID_MARKER = "ringflow-pgid="
@@ -24,6 +24,10 @@ STOP_GRACE_STEPS = 50
 # A kill that finds no pid file waits this long (0.1 s steps) for the job to write one.
 PID_WAIT_STEPS = 300
 KILL_GRACE_S = 5
+# The launch script's exit code when stdin ended before every secret value came.
+SECRETS_MISSING_EXIT = 96
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_BAD_SECRET_CHARS = re.compile(r"[\n\r\x00]")
 
 
 @dataclass(frozen=True)
@@ -124,19 +128,52 @@ fi
 """
 
 
-def launch_command(job: JobId, argv: list[str], env: Mapping[str, str] | None = None,
-                   state_dir: str | None = None) -> str:
-    """The command for SSH exec: stop earlier tries, then run argv in its own session.
+def _read_secrets(names: Sequence[str]) -> str:
+    """Export `names` from the first lines of stdin, one value per line, in order: the values
+    reach the job's environment without sitting on any command line (`export` is a builtin,
+    and the script names only the variables)."""
+    if not names:
+        return ""
+    for name in names:
+        if not _ENV_NAME.match(name):
+            raise ValueError(f"secret variable name {name!r} is not an identifier")
+    return (
+        f"for n in {' '.join(names)}; do\n"
+        "  IFS= read -r v || { echo \"ringflow: the value of $n did not arrive on stdin\" >&2; "
+        f"exit {SECRETS_MISSING_EXIT}; }}\n"
+        '  export "$n=$v"\n'
+        "done\n"
+        "unset n v\n"
+    )
 
+
+def secrets_stdin(names: Sequence[str], values: Mapping[str, str]) -> str:
+    """What `launch_command(..., secret_names=names)` reads on stdin: one line per value."""
+    for name in names:
+        if _BAD_SECRET_CHARS.search(values[name]):
+            raise ValueError(f"the value of {name} holds a line break or NUL, which cannot "
+                             f"pass as one line on stdin")
+    return "".join(f"{values[name]}\n" for name in names)
+
+
+def launch_command(job: JobId, argv: list[str], env: Mapping[str, str] | None = None,
+                   state_dir: str | None = None, secret_names: Sequence[str] = ()) -> str:
+    """The command for SSH exec: read the secrets, stop earlier tries, then run argv in its
+    own session.
+
+    `secret_names` are exported from stdin (`secrets_stdin` writes it) before anything
+    else; `env` is exported as quoted text, so it is visible in the job's command line.
     `setsid -w` gives the job a new session and process group (so one `kill -PGID` reaches
     every process it starts) and passes its exit status back (128+N if a signal N ended the
-    job); stdin is /dev/null so a closed channel cannot hang or kill it through a terminal.
-    The job is not the launching shell's background job (that would ignore SIGINT), so
-    `setsid` execs it in place and the shell waits for it. The first stdout line is the PGID.
+    job); the job's stdin is /dev/null so a closed channel cannot hang or kill it through a
+    terminal. The job is not the launching shell's background job (that would ignore
+    SIGINT), so `setsid` execs it in place and the shell waits for it. The first stdout line
+    is the PGID.
     """
     body = _job_body(job, argv, env or {})
     script = (
         "umask 077\n"
+        f"{_read_secrets(secret_names)}"
         f"{_paths(job, state_dir)}"
         'mkdir -p "$d" || exit 97\n'
         f"printf '%s\\n' {shlex.quote(str(job))} > \"$d/job\"\n"

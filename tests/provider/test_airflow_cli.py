@@ -79,8 +79,13 @@ def test_example_dags_import_with_zero_errors():
     assert bag.import_errors == {}
     dag = bag.dags["ringflow_poprun"]
     assert [t.task_id for t in dag.tasks] == ["poprun"]
-    # The trigger form shows every PopRun field and the run switches, each typed and described.
-    assert set(dag.params.keys()) == {*FIELD_NAMES, "ssh_conn_id", "launch_host", "dry_run"}
+    # The trigger form shows the PopRun fields and the run switches, each typed and described;
+    # not which connection, interpreter or executable runs (free text there could reach any
+    # host or run anything), nor secrets (a run's conf is stored and shown as given).
+    assert set(dag.params.keys()) == {*FIELD_NAMES, "launch_host", "dry_run",
+                                      "ringflow_job"} - {"python", "poprun", "secret_env"}
+    assert (dag.tasks[0].ssh_conn_id, dag.tasks[0].python, dag.tasks[0].poprun) == (
+        "ssh_default", "python3", "poprun")
     for name in dag.params:
         param = dag.params.get_param(name)
         assert param.schema.get("type") and param.description, name
@@ -141,12 +146,18 @@ def test_airflow_tasks_test_renders_params_into_a_dry_run(airflow_home):
         "    --update-partition=no \\", "    --vipu-server-timeout=120 \\",
         "    --print-topology=yes \\", "    --numa-aware=yes \\",
         "    '--mpi-local-args=-x POPART_LOG_LEVEL=INFO -x PADDLE_TRAINERS_NUM=4 "
-        "-x PADDLE_TRAINER_ENDPOINTS=n1:8090,n2:8090 -x API_TOKEN=***' \\",
+        "-x PADDLE_TRAINER_ENDPOINTS=n1:8090,n2:8090 -x API_TOKEN' \\",  # its value: over stdin
     ]) in log
     assert "    python3 \\\n    train.py \\\n    --lr \\\n    '0.1 x'" in log
     assert ("dry_run: validated and rendered only; nothing was started (with dry_run False it "
             "runs on n1 over SSH connection 'ssh_default')") in log
     assert "tok-dry-7731" not in log
+
+
+def as_ssh_default(conn_id: str) -> dict[str, str]:
+    """The environment that makes `conn_id` (the test server's connection) the example DAG's
+    `ssh_default`, which its trigger form does not let a user change."""
+    return {"AIRFLOW_CONN_SSH_DEFAULT": os.environ[f"AIRFLOW_CONN_{conn_id.upper()}"]}
 
 
 @pytest.mark.slow
@@ -157,10 +168,10 @@ def test_airflow_tasks_test_runs_the_job_over_ssh_with_secrets_masked(airflow_ho
     script.write_text("import os\nprint('instance', os.environ['PADDLE_TRAINER_ID'],\n"
                       "      os.environ['API_TOKEN'], os.environ['ECHO_PW'], flush=True)\n")
     params = {"dry_run": False, "hosts": "127.0.0.1", "nproc_per_host": 1, "num_ipus": 2,
-              "training_script": str(script), "ssh_conn_id": CONN_ID,
+              "training_script": str(script),
               # The connection's password, echoed by the job, must be masked too.
               "extra_env": {"API_TOKEN": "tok-live-5521", "ECHO_PW": "conn-pw-Zq81"}}
-    conn_env = {k: v for k, v in os.environ.items() if k.startswith("AIRFLOW_CONN_")}
+    conn_env = as_ssh_default(CONN_ID)
     out = airflow("tasks", "test", "ringflow_poprun", "poprun", "-t", json.dumps(params),
                   env=conn_env)
     log = out.stdout + out.stderr
@@ -180,8 +191,8 @@ def test_sigterm_to_the_task_runs_on_kill_and_leaves_no_remote_process(airflow_h
     script = sshd.work_dir / "train_sigterm.py"
     script.write_text("import time\nprint('ready', flush=True)\ntime.sleep(300)\n")
     params = {"dry_run": False, "hosts": "127.0.0.1", "nproc_per_host": 1, "num_ipus": 1,
-              "training_script": str(script), "ssh_conn_id": CONN_ID}
-    conn_env = {k: v for k, v in os.environ.items() if k.startswith("AIRFLOW_CONN_")}
+              "training_script": str(script)}
+    conn_env = as_ssh_default(CONN_ID)
     proc = subprocess.Popen(
         [str(VENV_BIN / "airflow"), "tasks", "test", "ringflow_poprun", "poprun", "-t",
          json.dumps(params)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

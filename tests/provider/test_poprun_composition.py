@@ -15,6 +15,7 @@ from ringflow_provider.poprun import (
     render_poprun_command,
     secret_values,
     validate_field,
+    with_env_slots,
 )
 
 SEED_PYTHON = "/opt/venv/bin/python3"  # stands for the seed's sys.executable
@@ -195,6 +196,34 @@ def test_a_short_secret_is_masked_in_its_slot_only():
     assert masked[11] == ("--mpi-local-args=-x PADDLE_TRAINERS_NUM=1 "
                           "-x PADDLE_TRAINER_ENDPOINTS=node1:8090 -x MY_KEY=*** -x API_TOKEN=***")
     assert mask_text("id 1, token tok-long-1", secret_values(cfg)) == "id 1, token ***"
+
+
+def test_the_argv_sent_has_bare_slots_for_secrets_and_keeps_the_rest():
+    cfg = config(extra_env={"API_TOKEN": "tok123", "PLAIN": "visible"},
+                 secret_env={"DB_PASS": "a b'c"})
+    seed = build_poprun_argv(cfg)
+    sent = with_env_slots(seed, secret=list(cfg.hidden_env()), plain={"RINGFLOW_JOB_ID": "j1"})
+    at = next(i for i, a in enumerate(seed) if a.startswith("--mpi-local-args="))
+    assert sent[:at] + sent[at + 1:] == seed[:at] + seed[at + 1:]     # only that token differs
+    assert sent[at] == ("--mpi-local-args=-x PADDLE_TRAINERS_NUM=1 -x PADDLE_TRAINER_ENDPOINTS="
+                        "node1:8090 -x API_TOKEN -x PLAIN=visible -x DB_PASS "
+                        "-x RINGFLOW_JOB_ID=j1")
+    assert cfg.plain_env() == {"PLAIN": "visible"}
+    assert cfg.hidden_env() == {"API_TOKEN": "tok123", "DB_PASS": "a b'c"}
+    assert sorted(secret_values(cfg)) == ["a b'c", "tok123"]
+
+
+def test_secret_env_takes_any_value_but_a_line_break_and_is_never_quoted():
+    assert config(secret_env='{"DB_PASS": "a b\\"c"}').secret_env == {"DB_PASS": 'a b"c'}
+    for bad, message in [({"DB_PASS": "x\ny-secret"}, "secret_env DB_PASS: the value holds"),
+                         ({"1X": "v"}, "is not an identifier"),
+                         ({"RINGFLOW_JOB_TOKEN": "v"}, "is set by the composition itself"),
+                         ({"PADDLE_TRAINER_ID": "v"}, "is set by the composition itself")]:
+        with pytest.raises(ConfigError, match=message) as err:
+            config(secret_env=bad)
+        assert "y-secret" not in str(err.value)
+    with pytest.raises(ConfigError, match="RUN in both extra_env and secret_env"):
+        config(extra_env={"RUN": "1"}, secret_env={"RUN": "2"})
 
 
 BASE = dict(hosts="n1", nproc_per_host=1, ipus_per_replica=1, num_ipus=4, ipu_partition="p",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import textwrap
 import threading
@@ -135,7 +136,75 @@ def test_secret_env_values_are_masked_in_streamed_lines_and_xcom(sshd, ssh_conn)
     result = op.execute(context())
     assert ("stdout", "token is tok-8c1e55") in lines  # the job itself gets the real value
     assert "tok-8c1e55" not in json.dumps(result)
-    assert any(a.endswith("-x API_TOKEN=***") for a in result["argv"])
+    assert any(a.endswith("-x API_TOKEN") for a in result["argv"])   # bare: value over stdin
+
+
+# Runs in every instance while the job runs: digests of the values it got, and how many
+# command lines on this host (the launch host: sshd's session, the launch shells, poprun,
+# the instances) hold one of them.
+SECRET_PROBE = """
+    import hashlib
+    names = ["API_TOKEN", "DB_PASS", "RINGFLOW_JOB_TOKEN"]
+    values = [os.environ.get(n, "") for n in names]
+    found = 0
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                line = f.read()
+        except OSError:
+            continue
+        found += any(v and v.encode() in line for v in values)
+    digests = [hashlib.sha256(v.encode()).hexdigest()[:16] if v else "-" for v in values]
+    print("probe", os.environ["PADDLE_TRAINER_ID"], *digests, "job", os.environ.get(
+          "RINGFLOW_JOB_ID", "-"), "on command lines:", found, flush=True)
+"""
+
+
+def _digest(value: str) -> str:
+    import hashlib
+
+    return hashlib.sha256(value.encode()).hexdigest()[:16]
+
+
+def test_secret_values_reach_the_instances_and_no_command_line(sshd, ssh_conn):
+    token_value, password = "tok-" + uuid.uuid4().hex, "p a'ss\"w $(id) " + uuid.uuid4().hex
+    script = write_script(sshd, SECRET_PROBE)
+    op, lines = make_op(sshd, ssh_conn, script, hosts="127.0.0.1", nproc_per_host=2,
+                        num_ipus=2, extra_env={"API_TOKEN": token_value, "RUN": "plain-1"},
+                        secret_env={"DB_PASS": password}, ringflow_job=True)
+    result = op.execute(context())
+    probes = sorted(line.split() for _, line in lines if line.startswith("probe "))
+    assert len(probes) == 2
+    job_ids = {p[6] for p in probes}
+    assert len(job_ids) == 1 and re.fullmatch(r"[0-9a-f]{12}", job_ids.pop())
+    tokens = {p[4] for p in probes}
+    assert len(tokens) == 1 and tokens != {"-"}                # one token, in every instance
+    for probe in probes:
+        assert probe[2:4] == [_digest(token_value), _digest(password)]
+        assert probe[-1] == "0"                               # on no command line
+    local = next(a for a in result["argv"] if a.startswith("--mpi-local-args="))
+    assert local.endswith("-x API_TOKEN -x RUN=plain-1 -x DB_PASS -x RINGFLOW_JOB_TOKEN "
+                          f"-x RINGFLOW_JOB_ID={probes[0][6]}")
+    text = json.dumps(result) + json.dumps(lines) + json.dumps(op._cached_logger.records)
+    assert token_value not in text and password not in text
+
+
+def test_a_job_without_the_secrets_on_stdin_does_not_start(sshd, ssh_conn):
+    """The launch script reads one line per secret first; a channel that closes early (here:
+    an empty stdin) ends it with exit 96 before anything starts."""
+    from ringflow_provider.jobs.ssh import SSHJob
+    from ringflow_provider.remote_job import JobId
+
+    script = write_script(sshd, 'print("started", flush=True)\n')
+    op, _ = make_op(sshd, ssh_conn, script)
+    got: list[tuple[str, str]] = []
+    job = SSHJob(op.hook, "127.0.0.1", JobId("d", "t", uuid.uuid4().hex, 1),
+                 ["python3", script], lambda stream, line: got.append((stream, line)),
+                 secret_env={"DB_PASS": "x" * 8}, state_dir=str(sshd.state_dir))
+    job._stdin = ""            # as if the values never came
+    job.start()
+    assert job.wait() == 96
+    assert got == [("stderr", "ringflow: the value of DB_PASS did not arrive on stdin")]
 
 
 def test_nonzero_exit_fails_with_the_code_and_the_last_20_lines(sshd, ssh_conn):
@@ -310,7 +379,7 @@ def test_the_plan_and_the_command_are_logged_before_the_job_starts(sshd, ssh_con
                           "on V-IPU server 'vipu.test'")
     command = messages[plan + 1]
     assert command.startswith("PopRun command on 127.0.0.1:\npoprun \\\n    --num-instances=4")
-    assert "-x DB_PASSWORD=***" in command and "pw-4471" not in command
+    assert "-x DB_PASSWORD'" in command and "pw-4471" not in command  # a bare -x
     preflight = messages.index(f"preflight passed: SSH to 127.0.0.1, localhost works "
                                f"(connection {ssh_conn!r}); poprun on 127.0.0.1 is "
                                f"{sshd.bin_dir}/poprun")

@@ -11,8 +11,9 @@ from ringflow_provider.poprun import FIELD_NAMES, PopRunConfig
 def test_operator_defaults_are_the_documented_ones():
     op = PopRunOperator(task_id="d", hosts="n1,n2", nproc_per_host=1, ipus_per_replica=1,
                         num_ipus=2, ipu_partition="p", vipu_server="s", training_script="t.py")
-    assert (op.ssh_conn_id, op.launch_host, op.preflight, op.dry_run) == (
-        "ssh_default", None, True, False)
+    assert (op.ssh_conn_id, op.launch_host, op.preflight, op.dry_run, op.ringflow_job) == (
+        "ssh_default", None, True, False, False)
+    assert (op.extra_env, op.secret_env) == (None, None)
     assert (op.conn_timeout, op.cmd_timeout, op.retries) == (10, None, 1)
     assert (op.python, op.endpoint_port, op.update_partition, op.vipu_server_timeout) == (
         "python3", 8090, False, 120)
@@ -20,7 +21,7 @@ def test_operator_defaults_are_the_documented_ones():
         True, True, "poprun", [])
     assert (op.hook.conn_timeout, op.hook.cmd_timeout) == (10, None)
     assert set(PopRunOperator.template_fields) == {*FIELD_NAMES, "ssh_conn_id", "launch_host",
-                                                   "dry_run"}
+                                                   "dry_run", "ringflow_job"}
 
 
 def test_operator_argument_defaults_equal_the_model_defaults():

@@ -5,7 +5,9 @@ from __future__ import annotations
 import subprocess
 import uuid
 
-from ringflow_provider.remote_job import JobId, kill_command, launch_command
+import pytest
+
+from ringflow_provider.remote_job import JobId, kill_command, launch_command, secrets_stdin
 
 
 def test_a_kill_sent_before_the_job_wrote_its_pid_file_still_kills_the_job(tmp_path):
@@ -42,3 +44,33 @@ def test_a_job_that_ends_normally_keeps_its_exit_code_and_stderr(tmp_path):
     assert done.stdout.splitlines()[1:] == ["out"]
     assert done.stderr == "err\n"
     assert list(tmp_path.iterdir()) == []
+
+
+def test_secret_values_come_from_stdin_and_sit_on_no_command_line(tmp_path):
+    job = JobId("ringflow_test", "poprun", f"run-{uuid.uuid4().hex[:8]}", 1)
+    values = {"DB_PASS": "p a'ss\"w $(id) `x`", "API_TOKEN": "tok-" + uuid.uuid4().hex}
+    argv = ["sh", "-c", 'printf "%s|%s\\n" "$DB_PASS" "$API_TOKEN"']
+    command = launch_command(job, argv, {"PLAIN": "p1"}, str(tmp_path),
+                             secret_names=list(values))
+    assert all(value not in command for value in values.values())
+    done = subprocess.run(["setsid", "sh", "-c", command], input=secrets_stdin(
+        list(values), values), capture_output=True, text=True, timeout=30)
+    assert (done.returncode, done.stderr) == (0, "")
+    assert done.stdout.splitlines()[1:] == [f"{values['DB_PASS']}|{values['API_TOKEN']}"]
+
+
+def test_a_secret_missing_from_stdin_ends_the_launch_before_the_job(tmp_path):
+    job = JobId("ringflow_test", "poprun", f"run-{uuid.uuid4().hex[:8]}", 1)
+    command = launch_command(job, ["sh", "-c", "echo started"], None, str(tmp_path),
+                             secret_names=["A_SECRET", "B_SECRET"])
+    done = subprocess.run(["setsid", "sh", "-c", command], input="only-one\n",
+                          capture_output=True, text=True, timeout=30)
+    assert (done.returncode, done.stdout) == (96, "")
+    assert done.stderr == "ringflow: the value of B_SECRET did not arrive on stdin\n"
+    assert list(tmp_path.iterdir()) == []                    # no pid file, no task dir
+
+
+def test_a_secret_that_cannot_pass_as_one_line_is_refused_without_its_value():
+    with pytest.raises(ValueError) as err:
+        secrets_stdin(["A_SECRET"], {"A_SECRET": "two\nlines-9f3"})
+    assert "A_SECRET" in str(err.value) and "lines-9f3" not in str(err.value)

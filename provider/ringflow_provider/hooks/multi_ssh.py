@@ -139,8 +139,9 @@ class MultiHostSSHHook(BaseHook):
         finally:
             channel.close()
 
-    def start_command(self, host: str, command: str) -> paramiko.Channel:
-        """Start `command` on `host` in a new channel (stdin closed); `pump` streams it."""
+    def start_command(self, host: str, command: str, stdin_text: str = "") -> paramiko.Channel:
+        """Start `command` on `host` in a new channel; `stdin_text` (secrets, never on the
+        command line) is written to its stdin, which is then closed; `pump` streams it."""
         client = self.connect(host)
         transport = client.get_transport()
         if transport is None or not transport.is_active():
@@ -148,6 +149,8 @@ class MultiHostSSHHook(BaseHook):
         channel = transport.open_session(timeout=self.conn_timeout)
         try:
             channel.exec_command(command)
+            if stdin_text:
+                channel.sendall(stdin_text.encode())
             channel.shutdown_write()
         except Exception:
             channel.close()

@@ -20,7 +20,13 @@ import paramiko
 from ringflow.errors import LaunchError
 from ringflow_provider.hooks.multi_ssh import MultiHostSSHHook
 from ringflow_provider.jobs.lines import TAIL_LINES, LineSink
-from ringflow_provider.remote_job import JobId, kill_command, launch_command, parse_pgid
+from ringflow_provider.remote_job import (
+    JobId,
+    kill_command,
+    launch_command,
+    parse_pgid,
+    secrets_stdin,
+)
 
 # Airflow sends SIGKILL about 5 s after the SIGTERM that runs on_kill; stay well inside.
 ON_KILL_BUDGET_S = 1.8
@@ -36,7 +42,10 @@ class SSHJob:
     :param on_line: called as ``on_line(stream, line)`` for every whole output line, in the
         thread that calls :meth:`wait`, with the line as the job printed it (mask it before
         logging); the job's own `ringflow-pgid=N` line is taken out and logged
-    :param env: exported in the remote shell before the command (quoted)
+    :param env: exported in the remote shell before the command (quoted: visible in the
+        remote command lines, so nothing secret)
+    :param secret_env: exported in the remote shell from the channel's stdin, so the values
+        sit on no command line on either side (one line each: no line break or NUL)
     :param state_dir: the remote directory of the pid files (None: ``$HOME/.ringflow/jobs``)
     :param log: where the job's own messages go (the operator's logger)
     :param should_stop: polled while streaming; True ends :meth:`wait` (the job runs on)
@@ -44,6 +53,7 @@ class SSHJob:
 
     def __init__(self, hook: MultiHostSSHHook, host: str, job: JobId, argv: Sequence[str],
                  on_line: LineSink, *, env: Mapping[str, str] | None = None,
+                 secret_env: Mapping[str, str] | None = None,
                  state_dir: str | None = None, log: Any = None,
                  should_stop: Callable[[], bool] = lambda: False) -> None:
         self.hook = hook
@@ -52,6 +62,8 @@ class SSHJob:
         self.argv = list(argv)
         self.on_line = on_line
         self.env = dict(env or {})
+        self.secret_env = dict(secret_env or {})
+        self._stdin = secrets_stdin(list(self.secret_env), self.secret_env)  # checks values
         self.state_dir = state_dir
         self.log = log if log is not None else logging.getLogger(__name__)
         self.pgid: int | None = None
@@ -79,8 +91,9 @@ class SSHJob:
             raise LaunchError(f"{self!r} was started already")
         if self._stop_requested:
             raise LaunchError(f"job {self.job} was stopped before it started")
-        command = launch_command(self.job, self.argv, self.env, self.state_dir)
-        self._channel = self.hook.start_command(self.host, command)
+        command = launch_command(self.job, self.argv, self.env, self.state_dir,
+                                 secret_names=list(self.secret_env))
+        self._channel = self.hook.start_command(self.host, command, self._stdin)
 
     def wait(self) -> int:
         """Stream output to `on_line` until the command ends (or streaming is stopped);

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import secrets as token_source
 import shlex
 import signal
 import time
+import uuid
 from collections.abc import Container
 from functools import cached_property
 from typing import Any, ClassVar
@@ -26,6 +28,7 @@ from ringflow_provider.poprun import (
     parse_config,
     secret_values,
     validate_field,
+    with_env_slots,
 )
 from ringflow_provider.remote_job import JobId, find_executable_command
 
@@ -76,7 +79,14 @@ class PopRunOperator(BaseOperator):
     :param mpi_global_args: tokens of ``--mpi-global-args`` (templated)
     :param extra_poprun_args: further poprun flags, placed before the interpreter (templated)
     :param extra_env: variables exported to every instance with mpirun ``-x``; values under
-        names containing secret/password/token/key are masked in logs and XCom (templated)
+        secret names (containing secret/password/token/key, or that Airflow's masker hides)
+        are secret: masked everywhere and sent as secret_env values are (templated)
+    :param secret_env: variables whose values are always secret: sent over the SSH
+        channel's stdin, exported by the remote shell, passed to mpirun as a bare ``-x
+        NAME``, so they sit on no command line; masked everywhere (templated)
+    :param ringflow_job: the instances are ringflow workers: a job id (``-x
+        RINGFLOW_JOB_ID=<id>``) and a job token (secret, a bare ``-x RINGFLOW_JOB_TOKEN``)
+        are made per try, so the instances can rendezvous; default False (templated)
     :param poprun: the poprun executable on the launch host, default ``poprun`` (templated)
     :param ssh_conn_id: an ``ssh`` connection whose credentials reach every host (templated)
     :param launch_host: where poprun runs; default the first host (templated)
@@ -89,10 +99,11 @@ class PopRunOperator(BaseOperator):
         default ``$HOME/.ringflow/jobs``
     """
 
-    template_fields = (*FIELD_NAMES, "ssh_conn_id", "launch_host", "dry_run")
+    template_fields = (*FIELD_NAMES, "ssh_conn_id", "launch_host", "dry_run", "ringflow_job")
     template_fields_renderers: ClassVar[dict[str, str]] = {
         "training_script_args": "json",
         "extra_env": "json",
+        "secret_env": "json",
         "mpi_global_args": "json",
         "extra_poprun_args": "json",
     }
@@ -120,11 +131,13 @@ class PopRunOperator(BaseOperator):
         mpi_global_args: list[str] | str | None = None,
         extra_poprun_args: list[str] | str | None = None,
         extra_env: dict[str, str] | str | None = None,
+        secret_env: dict[str, str] | str | None = None,
         poprun: str = "poprun",
         ssh_conn_id: str = MultiHostSSHHook.default_conn_name,
         launch_host: str | None = None,
         preflight: bool = True,
         dry_run: bool | str = False,
+        ringflow_job: bool | str = False,
         conn_timeout: float = 10,
         cmd_timeout: float | None = None,
         skip_on_exit_code: int | Container[int] | None = None,
@@ -142,6 +155,7 @@ class PopRunOperator(BaseOperator):
         self.launch_host = launch_host
         self.preflight = preflight
         self.dry_run = dry_run
+        self.ringflow_job = ringflow_job
         self.conn_timeout = conn_timeout
         self.cmd_timeout = cmd_timeout
         self.skip_on_exit_code = self._exit_codes(skip_on_exit_code)
@@ -175,8 +189,12 @@ class PopRunOperator(BaseOperator):
             if self.launch_host and not _templated(self.launch_host):
                 check_host(self.launch_host)
         except (RingflowError, ValueError) as exc:
-            message = Secrets().add_env(self.extra_env).mask(str(exc))
+            message = self._given_secrets().mask(str(exc))
             raise AirflowException(f"task {self.task_id!r}: {message}") from None
+
+    def _given_secrets(self) -> Secrets:
+        """The secret values among the arguments as they stand (maybe not valid yet)."""
+        return Secrets().add_env(self.extra_env).add_env(self.secret_env, all_secret=True)
 
     @cached_property
     def hook(self) -> MultiHostSSHHook:
@@ -199,8 +217,7 @@ class PopRunOperator(BaseOperator):
                 except ValueError as exc:
                     raise ValueError(f"launch_host: {exc}") from None
         except (RingflowError, ValueError) as exc:  # validation messages quote values
-            raise AirflowFailException(self._secrets.add_env(self.extra_env).mask(str(exc))) \
-                from None
+            raise AirflowFailException(self._given_secrets().mask(str(exc))) from None
         return config
 
     @property
@@ -209,28 +226,33 @@ class PopRunOperator(BaseOperator):
         return self._remote.pgid if self._remote is not None else None
 
     def render_template_fields(self, context: Any, jinja_env: Any = None) -> None:
-        """Render, then register secret extra_env values with the masker at once, so the
-        rendered fields Airflow stores and shows (before execute) have them masked too."""
+        """Render, then register secret values with the masker at once, so the rendered
+        fields Airflow stores and shows (before execute) have them masked too."""
         super().render_template_fields(context, jinja_env)
-        self._secrets = Secrets().add_env(self.extra_env)
+        self._secrets = self._given_secrets()
         self._secrets.register()
 
-    def _collect_secrets(self, config: PopRunConfig) -> list[str]:
+    def _collect_secrets(self, config: PopRunConfig, token: str | None) -> list[str]:
         password = None
         if not self.dry_run:
             password = self.hook.get_connection(self.ssh_conn_id).password
-        secrets = secret_values(config, [password])
+        secrets = secret_values(config, [password, token])
         self._secrets = Secrets(secrets)
         self._secrets.register()
         return secrets
 
     def execute(self, context: Any) -> dict[str, Any]:
         self.dry_run = self._flag("dry_run", self.dry_run)
+        ringflow_job = self._flag("ringflow_job", self.ringflow_job)
         config = self._config()
         launch_host = (self.launch_host or "").strip() or config.hosts[0]
-        argv = build_poprun_argv(config)
-        secrets = self._collect_secrets(config)
-        masked = mask_argv(argv, secrets, config.secret_env_names())
+        job_vars, hidden = {}, config.hidden_env()
+        if ringflow_job:  # per try: the instances' rendezvous identity
+            job_vars = {"RINGFLOW_JOB_ID": uuid.uuid4().hex[:12]}
+            hidden["RINGFLOW_JOB_TOKEN"] = token_source.token_hex(32)
+        argv = with_env_slots(build_poprun_argv(config), secret=list(hidden), plain=job_vars)
+        secrets = self._collect_secrets(config, hidden.get("RINGFLOW_JOB_TOKEN"))
+        masked = mask_argv(argv, secrets)
         summary: dict[str, Any] = {
             "argv": masked, "num_instances": config.num_instances,
             "num_replicas": config.num_replicas, "launch_host": launch_host,
@@ -244,7 +266,7 @@ class PopRunOperator(BaseOperator):
             return summary
         started = time.monotonic()
         try:
-            exit_code, tail = self._run(context, config, argv, launch_host)
+            exit_code, tail = self._run(context, config, argv, launch_host, hidden)
         except RingflowError as exc:
             raise AirflowException(self._stop_after_failure(str(exc), launch_host)) from None
         finally:
@@ -268,8 +290,8 @@ class PopRunOperator(BaseOperator):
         self.log.info("PopRun command on %s:\n%s", launch_host,
                       " \\\n    ".join(shlex.quote(token) for token in masked))
 
-    def _run(self, context: Any, config: PopRunConfig, argv: list[str],
-             launch_host: str) -> tuple[int, list[str]]:
+    def _run(self, context: Any, config: PopRunConfig, argv: list[str], launch_host: str,
+             hidden: dict[str, str]) -> tuple[int, list[str]]:
         if self.preflight:
             path = self.hook.check_hosts(config.hosts, launch_host, config.poprun,
                                          find_executable_command(config.poprun))
@@ -279,7 +301,8 @@ class PopRunOperator(BaseOperator):
         ti = context["ti"]
         self._job = JobId(ti.dag_id, ti.task_id, ti.run_id, int(ti.try_number))
         self._remote = SSHJob(self.hook, launch_host, self._job, argv, self._log_line,
-                              env=config.extra_env, state_dir=self.remote_state_dir,
+                              env=config.plain_env(), secret_env=hidden,
+                              state_dir=self.remote_state_dir,
                               log=self.log, should_stop=lambda: self._stop_streaming)
         if self._killed:  # on_kill came during preflight: start nothing
             return -1, []
