@@ -7,7 +7,6 @@ operator does for literal arguments at DAG parse time); the cross-field rules of
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import re
 from typing import Annotated, Any
@@ -22,13 +21,16 @@ from pydantic import (
     model_validator,
 )
 
+from ringflow import naming
+from ringflow.errors import ConfigError
 from ringflow_provider.jobs.masking import is_secret_name
 
-_HOST_LABEL = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-# mpirun's `-x NAME=VALUE` sits inside one whitespace-separated poprun option value
-# (`--mpi-local-args`), so a value cannot hold whitespace, quotes or backslashes.
-_MPI_UNSAFE = re.compile(r"[\s'\"\\`]|[\x00-\x1f\x7f]")
+# mpirun's `-x NAME=VALUE` and --mpi-global-args tokens sit inside whitespace-separated poprun
+# option values that poprun hands on to mpirun: an allow-list of characters no shell or
+# option parser gives a meaning to. Other values go through secret_env (never parsed).
+MPI_VALUE_PUNCTUATION = "_.,:/@%+=~^-"  # '-' last: a literal in the character class
+_MPI_SAFE = re.compile(rf"^[A-Za-z0-9{MPI_VALUE_PUNCTUATION}]*$")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 # Names the composition sets itself; a user value would contradict it.
 RESERVED_ENV = frozenset(
@@ -70,21 +72,12 @@ def _parse_hosts(value: Any) -> Any:
 
 
 def check_host(host: str) -> str:
-    """A host is a hostname or an IPv4 address, nothing else."""
-    if not host:
-        raise ValueError("empty host name (a doubled, leading or trailing comma?)")
+    """A host is a hostname or an IPv4 address, nothing else: the launcher's own rule
+    (`ringflow.naming.check_host`), as a ValueError for pydantic."""
     try:
-        addr = ipaddress.ip_address(host)
-    except ValueError:
-        addr = None
-    if addr is not None:
-        if addr.version == 6:
-            raise ValueError(f"host {host!r}: IPv6 addresses cannot form host:port endpoints")
-        return host
-    labels = host.split(".")
-    if len(host) > 253 or not all(_HOST_LABEL.match(label) for label in labels):
-        raise ValueError(f"host {host!r} is not a hostname or IPv4 address")
-    return host
+        return naming.check_host(host)
+    except ConfigError as exc:
+        raise ValueError(str(exc)) from None
 
 
 def _check_hosts(hosts: list[str]) -> list[str]:
@@ -104,10 +97,10 @@ def _check_hosts(hosts: list[str]) -> list[str]:
 
 
 def check_mpi_value(value: str, what: str) -> str:
-    if _MPI_UNSAFE.search(value):
+    if not _MPI_SAFE.match(value):
         raise ValueError(
-            f"{what}={value!r}: mpirun's -x cannot carry whitespace, quotes, backslashes, "
-            "backticks or control characters"
+            f"{what}={value!r}: values passed on mpirun's command line take letters, digits "
+            f"and {MPI_VALUE_PUNCTUATION} only (pass other values in secret_env)"
         )
     return value
 
@@ -120,8 +113,17 @@ def _check_env(env: dict[str, str]) -> dict[str, str]:
             )
         if name in RESERVED_ENV:
             raise ValueError(f"extra_env name {name!r} is set by the composition itself")
-        check_mpi_value(value, name)
+        if is_secret_name(name):  # travels over stdin, a bare -x NAME on the command line
+            _check_stdin_value(value, f"extra_env {name}")
+        else:
+            check_mpi_value(value, name)
     return env
+
+
+def _check_stdin_value(value: str, what: str) -> None:
+    """A value sent as one line on the SSH channel's stdin; the message never quotes it."""
+    if any(c in value for c in "\n\r\0"):
+        raise ValueError(f"{what}: the value holds a line break or NUL")
 
 
 def _check_secret_env(env: dict[str, str]) -> dict[str, str]:
@@ -134,8 +136,7 @@ def _check_secret_env(env: dict[str, str]) -> dict[str, str]:
             )
         if name in RESERVED_ENV or name.startswith("RINGFLOW_"):
             raise ValueError(f"secret_env name {name!r} is set by the composition itself")
-        if any(c in value for c in "\n\r\0"):
-            raise ValueError(f"secret_env {name}: the value holds a line break or NUL")
+        _check_stdin_value(value, f"secret_env {name}")
     return env
 
 
@@ -165,10 +166,28 @@ def _check_text(value: str) -> str:
     return value
 
 
+def _check_program(value: str) -> str:
+    """An executable or a script: never taken for an option of the command before it."""
+    _check_text(value)
+    if value.lstrip().startswith("-"):
+        raise ValueError(f"{value!r} starts with '-', so it would be read as an option; "
+                         f"give a path (./{value.strip()})")
+    return value
+
+
+def _check_args(args: list[str]) -> list[str]:
+    for arg in args:
+        if _CONTROL.search(arg):  # a line break in an argument forges log lines
+            raise ValueError(f"training_script_args item {arg!r} holds a control character")
+    return args
+
+
 Text = Annotated[str, AfterValidator(_check_text)]
+Program = Annotated[str, AfterValidator(_check_program)]
 Count = Annotated[int, Field(ge=1)]
 Hosts = Annotated[list[str], BeforeValidator(_parse_hosts), AfterValidator(_check_hosts)]
-ArgList = Annotated[list[str], BeforeValidator(lambda v: _json_text(v, "list"))]
+ArgList = Annotated[list[str], BeforeValidator(lambda v: _json_text(v, "list")),
+                    AfterValidator(_check_args)]
 Env = Annotated[
     dict[str, str] | None,
     BeforeValidator(lambda v: _json_text(_none_text(v), "extra_env")),
@@ -207,9 +226,9 @@ class PopRunConfig(BaseModel):
     num_ipus: Count
     ipu_partition: Text
     vipu_server: Text
-    training_script: Text
+    training_script: Program
     training_script_args: ArgList = []
-    python: Text = "python3"
+    python: Program = "python3"
     popart_log_level: LogLevel = None
     endpoint_port: Annotated[int, Field(ge=1, le=65535)] = 8090
     update_partition: bool = False
@@ -220,7 +239,7 @@ class PopRunConfig(BaseModel):
     extra_poprun_args: Flags = None
     extra_env: Env = None
     secret_env: SecretEnv = None
-    poprun: Text = "poprun"
+    poprun: Program = "poprun"
 
     @property
     def num_instances(self) -> int:

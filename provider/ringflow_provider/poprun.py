@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
 from pydantic import ValidationError
 
 from ringflow.errors import ConfigError
 from ringflow_provider.jobs.masking import MASK, MIN_MASKED_LEN, mask_text, secret_env_values
-from ringflow_provider.models import FIELD_NAMES, PopRunConfig, validate_field
+from ringflow_provider.models import FIELD_NAMES, RESERVED_ENV, PopRunConfig, validate_field
 
 __all__ = [
     "FIELD_NAMES",
@@ -26,6 +26,7 @@ __all__ = [
     "PopRunConfig",
     "build_poprun_argv",
     "config_error_message",
+    "launch_argv",
     "mask_argv",
     "mask_text",
     "parse_config",
@@ -33,7 +34,6 @@ __all__ = [
     "secret_env_values",
     "secret_values",
     "validate_field",
-    "with_env_slots",
 ]
 
 def _yes_no(flag: bool) -> str:
@@ -45,13 +45,14 @@ def _endpoints(config: PopRunConfig) -> list[str]:
     return [f"{host}:{config.endpoint_port}" for host in config.hosts]
 
 
-def _mpi_local_args(config: PopRunConfig, endpoints: list[str]) -> str:
+def _mpi_local_args(config: PopRunConfig, endpoints: list[str], bare: Collection[str]) -> str:
     exports = []
     if config.popart_log_level:
         exports.append(f"POPART_LOG_LEVEL={config.popart_log_level}")
     exports.append(f"PADDLE_TRAINERS_NUM={config.num_instances}")
     exports.append(f"PADDLE_TRAINER_ENDPOINTS={','.join(endpoints)}")
-    exports.extend(f"{name}={value}" for name, value in (config.extra_env or {}).items())
+    exports.extend(name if name in bare else f"{name}={value}"
+                   for name, value in (config.extra_env or {}).items())
     return " ".join(f"-x {item}" for item in exports)
 
 
@@ -68,8 +69,10 @@ def _instance_args(config: PopRunConfig, endpoints: list[str]) -> list[str]:
     return out
 
 
-def build_poprun_argv(config: PopRunConfig) -> list[str]:
-    """poprun's argv (argv[0] is the executable), in the seed's flag order."""
+def build_poprun_argv(config: PopRunConfig, bare: Collection[str] = ()) -> list[str]:
+    """poprun's argv (argv[0] is the executable), in the seed's flag order. The extra_env
+    variables named in `bare` get a bare `-x NAME` slot (see `launch_argv`); without it the
+    argv is the seed's."""
     endpoints = _endpoints(config)
     argv = [
         config.poprun,
@@ -86,7 +89,7 @@ def build_poprun_argv(config: PopRunConfig) -> list[str]:
     ]
     if config.mpi_global_args:
         argv.append(f"--mpi-global-args={' '.join(config.mpi_global_args)}")
-    argv.append(f"--mpi-local-args={_mpi_local_args(config, endpoints)}")
+    argv.append(f"--mpi-local-args={_mpi_local_args(config, endpoints, bare)}")
     argv.extend(_instance_args(config, endpoints))
     argv.extend(config.extra_poprun_args or [])
     argv.append(config.python)
@@ -95,32 +98,25 @@ def build_poprun_argv(config: PopRunConfig) -> list[str]:
     return argv
 
 
-_LOCAL_ARGS = "--mpi-local-args="
-
-
-def with_env_slots(argv: list[str], secret: Iterable[str] = (),
-                   plain: Mapping[str, str] | None = None) -> list[str]:
-    """The argv sent to the launch host: `build_poprun_argv`'s, with a bare `-x NAME` for
-    each `secret` name (its `-x NAME=VALUE` slot in --mpi-local-args made bare, or one
-    appended) and `-x NAME=VALUE` appended for each `plain` variable. mpirun exports a bare
-    `-x NAME` with the value of its own environment, which the launch script set from the
-    SSH channel's stdin: so no secret value is on poprun's (or any) command line."""
+def launch_argv(config: PopRunConfig, secret: Iterable[str] = (),
+                plain: Mapping[str, str] | None = None) -> list[str]:
+    """The argv sent to the launch host: `build_poprun_argv`'s with a bare `-x NAME` for
+    every variable whose value is secret (extra_env's under secret names in their places,
+    then secret_env's and `secret`'s at the end of --mpi-local-args), then `-x NAME=VALUE`
+    for each `plain` variable. mpirun exports a bare `-x NAME` with the value of its own
+    environment, which the launch script set from the SSH channel's stdin: so no secret
+    value is on poprun's (or any) command line."""
+    hidden = [*(config.secret_env or {}), *secret]
     plain = dict(plain or {})
-    out = list(argv)
-    at = next(i for i, token in enumerate(out) if token.startswith(_LOCAL_ARGS))
-    words = out[at][len(_LOCAL_ARGS):].split()
-    # -x NAME=VALUE pairs; values hold no whitespace (models.check_mpi_value)
-    items = [(words[i + 1].partition("=")[0], words[i + 1]) for i in range(0, len(words), 2)]
-    names = [name for name, _ in items]
-    for name in plain:
-        if name in names:
-            raise ConfigError(f"{name} is in poprun's -x list already")
-    hidden = set(secret)
-    items = [(name, name if name in hidden else item) for name, item in items]
-    items += [(name, name) for name in secret if name not in names]
-    items += [(name, f"{name}={value}") for name, value in plain.items()]
-    out[at] = _LOCAL_ARGS + " ".join(f"-x {item}" for _, item in items)
-    return out
+    taken = set(RESERVED_ENV) | set(config.extra_env or {}) | set(hidden)
+    clash = sorted(taken & set(plain))
+    if clash:
+        raise ConfigError(f"{', '.join(clash)} would be in poprun's -x list twice")
+    argv = build_poprun_argv(config, bare=config.secret_env_names())
+    at = next(i for i, token in enumerate(argv) if token.startswith("--mpi-local-args="))
+    argv[at] = " ".join([argv[at], *(f"-x {name}" for name in hidden),
+                         *(f"-x {name}={value}" for name, value in plain.items())])
+    return argv
 
 
 def render_poprun_command(config: PopRunConfig) -> str:
@@ -132,7 +128,7 @@ def secret_values(config: PopRunConfig, extra: Iterable[str | None] = ()) -> lis
     """Values to mask: extra_env values under secret names (jobs.masking's rule), every
     secret_env value, plus `extra` (passwords, the job token). A value shorter than
     MIN_MASKED_LEN is not masked wherever it occurs (as in Airflow's masker); the argv sent
-    (`with_env_slots`) has no slot for any of them to show in."""
+    (`launch_argv`) has no slot for any of them to show in."""
     values = [*config.hidden_env().values(), *(v for v in extra if v)]
     # Longest first, so a secret that contains another is masked whole.
     return sorted({v for v in values if v}, key=len, reverse=True)

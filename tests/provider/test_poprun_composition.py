@@ -9,13 +9,13 @@ import pytest
 from ringflow.errors import ConfigError
 from ringflow_provider.poprun import (
     build_poprun_argv,
+    launch_argv,
     mask_argv,
     mask_text,
     parse_config,
     render_poprun_command,
     secret_values,
     validate_field,
-    with_env_slots,
 )
 
 SEED_PYTHON = "/opt/venv/bin/python3"  # stands for the seed's sys.executable
@@ -132,8 +132,8 @@ HOSTILE = [
 
 @pytest.mark.parametrize("hostile", HOSTILE)
 def test_rendered_command_splits_back_to_the_argv_for_hostile_strings(hostile):
-    flat = hostile.replace("\n", " ").replace("\t", " ")  # single-line fields refuse controls
-    cfg = config(training_script=f"dir/{flat}.py", training_script_args=[hostile, "-x", hostile],
+    flat = hostile.replace("\n", " ").replace("\t", " ")  # every field refuses controls
+    cfg = config(training_script=f"dir/{flat}.py", training_script_args=[flat, "-x", flat],
                  ipu_partition=f"p{flat}", vipu_server=f"s{flat}", python=f"py{flat}")
     command = render_poprun_command(cfg)
     assert shlex.split(command) == build_poprun_argv(cfg)
@@ -143,8 +143,8 @@ def test_rendered_command_runs_as_exactly_the_argv_in_a_real_shell(tmp_path):
     import subprocess
     import sys
 
-    cfg = config(training_script_args=[*HOSTILE, "$(touch pwned)"],
-                 poprun=sys.executable, python="-c")
+    printable = [h for h in HOSTILE if h.isprintable()]
+    cfg = config(training_script_args=[*printable, "$(touch pwned)"], poprun=sys.executable)
     # Replace poprun by python printing its argv: what the shell delivers is what we built.
     argv = build_poprun_argv(cfg)
     printer = "import json,sys; print(json.dumps(sys.argv[1:]))"
@@ -202,15 +202,23 @@ def test_the_argv_sent_has_bare_slots_for_secrets_and_keeps_the_rest():
     cfg = config(extra_env={"API_TOKEN": "tok123", "PLAIN": "visible"},
                  secret_env={"DB_PASS": "a b'c"})
     seed = build_poprun_argv(cfg)
-    sent = with_env_slots(seed, secret=list(cfg.hidden_env()), plain={"RINGFLOW_JOB_ID": "j1"})
+    sent = launch_argv(cfg, secret=["RINGFLOW_JOB_TOKEN"], plain={"RINGFLOW_JOB_ID": "j1"})
     at = next(i for i, a in enumerate(seed) if a.startswith("--mpi-local-args="))
     assert sent[:at] + sent[at + 1:] == seed[:at] + seed[at + 1:]     # only that token differs
+    assert seed[at].endswith("-x API_TOKEN=tok123 -x PLAIN=visible")   # the seed's form
     assert sent[at] == ("--mpi-local-args=-x PADDLE_TRAINERS_NUM=1 -x PADDLE_TRAINER_ENDPOINTS="
                         "node1:8090 -x API_TOKEN -x PLAIN=visible -x DB_PASS "
-                        "-x RINGFLOW_JOB_ID=j1")
+                        "-x RINGFLOW_JOB_TOKEN -x RINGFLOW_JOB_ID=j1")
     assert cfg.plain_env() == {"PLAIN": "visible"}
     assert cfg.hidden_env() == {"API_TOKEN": "tok123", "DB_PASS": "a b'c"}
     assert sorted(secret_values(cfg)) == ["a b'c", "tok123"]
+
+
+def test_a_secret_named_extra_env_value_may_hold_what_the_command_line_could_not():
+    cfg = config(extra_env={"API_TOKEN": "tok 1'23"})
+    assert launch_argv(cfg)[11].endswith("node1:8090 -x API_TOKEN")
+    with pytest.raises(ConfigError, match="PLAIN would be in poprun's -x list twice"):
+        launch_argv(config(extra_env={"PLAIN": "1"}), plain={"PLAIN": "2"})
 
 
 def test_secret_env_takes_any_value_but_a_line_break_and_is_never_quoted():
@@ -224,6 +232,19 @@ def test_secret_env_takes_any_value_but_a_line_break_and_is_never_quoted():
         assert "y-secret" not in str(err.value)
     with pytest.raises(ConfigError, match="RUN in both extra_env and secret_env"):
         config(extra_env={"RUN": "1"}, secret_env={"RUN": "2"})
+
+
+def test_the_provider_takes_the_hosts_the_launcher_takes():
+    from ringflow.naming import is_host
+    from tests.runtime.test_naming import HOSTS, NOT_HOSTS
+
+    for name in [*HOSTS, *(n for n, _ in NOT_HOSTS)]:
+        try:
+            config(hosts=[name])
+            taken = True
+        except ConfigError:
+            taken = False
+        assert taken == is_host(name), name
 
 
 BASE = dict(hosts="n1", nproc_per_host=1, ipus_per_replica=1, num_ipus=4, ipu_partition="p",
@@ -251,12 +272,23 @@ INVALID = [
     (dict(endpoint_port=70000), "endpoint_port: Input should be less than or equal to 65535"),
     (dict(extra_env={"1BAD": "x"}), "extra_env name '1BAD' is not an identifier"),
     (dict(extra_env={"A-B": "x"}), "extra_env name 'A-B' is not an identifier"),
-    (dict(extra_env={"A": "two words"}), "A='two words': mpirun's -x cannot carry whitespace"),
-    (dict(extra_env={"A": "it's"}), "A=\"it's\": mpirun's -x cannot carry"),
-    (dict(extra_env={"A": "a\nb"}), "A='a\\nb': mpirun's -x cannot carry"),
+    (dict(extra_env={"A": "two words"}), "A='two words': values passed on mpirun's command "
+                                         "line take letters, digits and _.,:/@%+=~^- only"),
+    (dict(extra_env={"A": "it's"}), "A=\"it's\": values passed on mpirun's"),
+    (dict(extra_env={"A": "a\nb"}), "A='a\\nb': values passed on mpirun's"),
+    (dict(extra_env={"A": "e;$(id)|*"}), "(pass other values in secret_env)"),
+    (dict(extra_env={"A": "a&b"}), "A='a&b': values passed on mpirun's"),
+    (dict(training_script_args=["ok", "forged\n[rank 0] step 1"]),
+     "training_script_args item 'forged\\n[rank 0] step 1' holds a control character"),
+    (dict(training_script_args=["a\x00b"]), "holds a control character"),
+    (dict(python="-c"), "python: '-c' starts with '-', so it would be read as an option"),
+    (dict(training_script="--version"), "training_script: '--version' starts with '-'"),
+    (dict(poprun="-h"), "poprun: '-h' starts with '-'"),
+    (dict(hosts="123"), "host '123' is neither an IPv4 address (four numbers) nor a hostname"),
+    (dict(hosts="10.0.0"), "host '10.0.0' is neither an IPv4 address"),
     (dict(extra_env={"PADDLE_TRAINER_ID": "3"}),
      "extra_env name 'PADDLE_TRAINER_ID' is set by the composition itself"),
-    (dict(popart_log_level="INFO DEBUG"), "POPART_LOG_LEVEL='INFO DEBUG': mpirun's -x cannot"),
+    (dict(popart_log_level="INFO DEBUG"), "POPART_LOG_LEVEL='INFO DEBUG': values passed on"),
     (dict(mpi_global_args=["--mca btl tcp"]), "mpi_global_args item='--mca btl tcp'"),
     (dict(extra_poprun_args=["/tmp/cache"]), "extra_poprun_args item '/tmp/cache' is not a flag"),
     (dict(training_script=""), "training_script: expected a non-empty string"),

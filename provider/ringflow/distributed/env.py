@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ringflow.errors import ConfigError
+from ringflow.naming import check_job_id
 
 
 @dataclass(frozen=True)
@@ -133,9 +134,7 @@ def worker_env(environ: Mapping[str, str] | None = None) -> WorkerEnv:
         _check_local_rank(endpoints, rank, local_rank, environ)
     job_id = environ.get("RINGFLOW_JOB_ID", "")
     token = environ.get("RINGFLOW_JOB_TOKEN", "")
-    if not job_id or "-" in job_id or "/" in job_id:
-        raise ConfigError(f"RINGFLOW_JOB_ID={job_id!r}: expected a non-empty id without '-' "
-                          "or '/' (it names shared-memory segments ringflow-<job id>-...)")
+    check_job_id(job_id)
     if not token:
         raise ConfigError("environment variable RINGFLOW_JOB_TOKEN is not set (the job's "
                           "rendezvous secret)")

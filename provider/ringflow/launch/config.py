@@ -7,7 +7,6 @@ a one-line message. A plain dataclass, not pydantic: the runtime ships with nump
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import os
 import re
 from dataclasses import dataclass
@@ -15,13 +14,12 @@ from pathlib import Path
 from typing import NoReturn
 
 from ringflow.errors import ConfigError
+from ringflow.naming import check_host
 
 MAX_NPROC_PER_HOST = 1024
 DEFAULT_GRACE_S = 5.0
 DEFAULT_STDIN_TIMEOUT_S = 30.0
 # A host name per RFC 1123 (labels of letters, digits and inner hyphens) or a dotted IPv4.
-_HOSTNAME = re.compile(r"^(?=.{1,253}$)([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)"
-                       r"(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
 
@@ -153,8 +151,10 @@ def _parse_hosts(text: str | None) -> tuple[str, ...]:
     for h in hosts:
         if not h:
             raise ConfigError(f"--hosts {text!r} has an empty entry; expected h1,h2,...")
-        if not _is_host(h):
-            raise ConfigError(f"--hosts entry {h!r} is not a host name or IPv4 address")
+        try:
+            check_host(h)
+        except ConfigError as exc:
+            raise ConfigError(f"--hosts: {exc}") from None
     duplicates = sorted({h for h in hosts if hosts.count(h) > 1})
     if duplicates:
         raise ConfigError(f"--hosts {text!r} names {', '.join(duplicates)} more than once; "
@@ -169,13 +169,6 @@ def _stdin_timeout(seconds: float | None, stdin: bool) -> float:
         raise ConfigError("--stdin-timeout needs --stdin (it bounds the wait for stdin's "
                           "first line)")
     return seconds
-
-
-def _is_host(name: str) -> bool:
-    try:
-        return ipaddress.ip_address(name).version == 4
-    except ValueError:
-        return bool(_HOSTNAME.match(name)) and not name.replace(".", "").isdigit()
 
 
 def _host_index(index: int | None, hosts: tuple[str, ...], given: bool) -> int:

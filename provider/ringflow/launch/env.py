@@ -8,22 +8,18 @@ are picked, so concurrent jobs on one host never collide.
 from __future__ import annotations
 
 import os
-import re
 import secrets
 import socket
 from collections.abc import Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass
 
-from ringflow.errors import ConfigError
 from ringflow.launch.config import LaunchConfig
+from ringflow.naming import check_job_id
 
 JOB_ID_VAR = "RINGFLOW_JOB_ID"
 JOB_TOKEN_VAR = "RINGFLOW_JOB_TOKEN"
 THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
-# No '-': shm segments are named ringflow-<job id>-..., and a sweep of one job's prefix
-# must never match another job's segments (job "a" vs job "a-b").
-_JOB_ID = re.compile(r"^[A-Za-z0-9_.]{1,64}$")
 
 
 @dataclass(frozen=True)
@@ -42,9 +38,7 @@ def resolve_identity(environ: Mapping[str, str]) -> tuple[JobIdentity, str | Non
     """
     job_id, token = environ.get(JOB_ID_VAR), environ.get(JOB_TOKEN_VAR)
     if job_id and token:
-        if not _JOB_ID.match(job_id):
-            raise ConfigError(f"{JOB_ID_VAR}={job_id!r} must be 1-64 characters of letters, "
-                              "digits, '_' and '.' (it names shared-memory segments)")
+        check_job_id(job_id, JOB_ID_VAR)
         return JobIdentity(job_id, token), None
     warning = None
     if job_id or token:

@@ -10,16 +10,15 @@ import os
 import stat
 from pathlib import Path
 
+from ringflow.naming import shm_prefix
+
 SHM_DIR = Path("/dev/shm")
 
 
 def job_segments(job_id: str, shm_dir: Path = SHM_DIR) -> list[Path]:
-    # job ids carry no '-' (env.resolve_identity), so this prefix matches this job only
-    if not job_id or "-" in job_id or "/" in job_id:
-        raise ValueError(f"job id {job_id!r} cannot name shm segments")
+    prefix = shm_prefix(job_id)  # job ids carry no '-': this prefix matches this job only
     if not shm_dir.is_dir():
         return []
-    prefix = f"ringflow-{job_id}-"
     return sorted(p for p in shm_dir.iterdir() if p.name.startswith(prefix))
 
 

@@ -23,12 +23,11 @@ from ringflow_provider.models import check_host
 from ringflow_provider.poprun import (
     FIELD_NAMES,
     PopRunConfig,
-    build_poprun_argv,
+    launch_argv,
     mask_argv,
     parse_config,
     secret_values,
     validate_field,
-    with_env_slots,
 )
 from ringflow_provider.remote_job import JobId, find_executable_command
 
@@ -246,11 +245,12 @@ class PopRunOperator(BaseOperator):
         ringflow_job = self._flag("ringflow_job", self.ringflow_job)
         config = self._config()
         launch_host = (self.launch_host or "").strip() or config.hosts[0]
-        job_vars, hidden = {}, config.hidden_env()
+        job_vars, job_secrets = {}, {}
         if ringflow_job:  # per try: the instances' rendezvous identity
             job_vars = {"RINGFLOW_JOB_ID": uuid.uuid4().hex[:12]}
-            hidden["RINGFLOW_JOB_TOKEN"] = token_source.token_hex(32)
-        argv = with_env_slots(build_poprun_argv(config), secret=list(hidden), plain=job_vars)
+            job_secrets = {"RINGFLOW_JOB_TOKEN": token_source.token_hex(32)}
+        hidden = {**config.hidden_env(), **job_secrets}
+        argv = launch_argv(config, secret=list(job_secrets), plain=job_vars)
         secrets = self._collect_secrets(config, hidden.get("RINGFLOW_JOB_TOKEN"))
         masked = mask_argv(argv, secrets)
         summary: dict[str, Any] = {

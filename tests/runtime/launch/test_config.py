@@ -71,7 +71,10 @@ def test_free_ports_are_distinct_per_rank_on_the_single_host(tmp_path, script):
       "train.py"], "empty entry"),
     (["--nproc-per-host", "2", "--hosts", "a,a", "--host-index", "0", "--base-port", "9",
       "train.py"], "names a more than once"),
-    (["--nproc-per-host", "2", "--hosts", "bad_host!", "train.py"], "not a host name"),
+    (["--nproc-per-host", "2", "--hosts", "bad_host!", "train.py"],
+     "--hosts: host 'bad_host!' is not a hostname or IPv4 address"),
+    (["--nproc-per-host", "2", "--hosts", "10.0.0", "train.py"],
+     "--hosts: host '10.0.0' is neither an IPv4 address (four numbers) nor a hostname"),
     (["--nproc-per-host", "2", "--hosts", "a,b", "--base-port", "9000", "train.py"],
      "--host-index is required with 2 hosts"),
     (["--nproc-per-host", "2", "--hosts", "a,b", "--host-index", "2", "--base-port", "9000",
@@ -131,7 +134,7 @@ def test_thread_counts_are_set_only_where_unset(tmp_path, script):
 @pytest.mark.parametrize("argv, message", [
     (["--nproc-per-host", "0", "train.py"], "--nproc-per-host must be between 1 and 1024"),
     (["--nproc-per-host", "1", "nope.py"], "script 'nope.py' does not exist"),
-    (["--nproc-per-host", "1", "--hosts", "x y", "train.py"], "is not a host name"),
+    (["--nproc-per-host", "1", "--hosts", "x y", "train.py"], "is not a hostname or IPv4 address"),
 ])
 def test_cli_reports_bad_config_in_one_line_with_exit_code_2(launcher, script, argv, message):
     done = launcher.run(*argv)

@@ -31,6 +31,7 @@ import numpy as np
 
 from ringflow.distributed.collective.transport.base import OpContext, process_state, spin_wait
 from ringflow.errors import CommError
+from ringflow.naming import shm_prefix
 
 SHM_DIR = "/dev/shm"
 HEADER = 4096
@@ -56,11 +57,11 @@ def unlink(name: str) -> None:
 
 
 def segment_name(job_id: str, ring_id: int, tag: str, pos: int) -> str:
-    return f"ringflow-{job_id}-ring{ring_id}-{tag}-p{pos}"
+    return f"{shm_prefix(job_id)}ring{ring_id}-{tag}-p{pos}"
 
 
 def channel_name(job_id: str, ring_id: int, tag: str, pos: int) -> str:
-    return f"ringflow-{job_id}-ring{ring_id}-{tag}-ch{pos}"
+    return f"{shm_prefix(job_id)}ring{ring_id}-{tag}-ch{pos}"
 
 
 class Segment:
