@@ -158,3 +158,59 @@ def test_preflight_names_every_failing_host(hook, sshd):
     assert "'poprun-missing' not found on launch host 'localhost' (exit 127)" in message
     assert "cannot open SSH to host '127.0.0.3'" in message
     assert "'127.0.0.1'" not in message
+
+
+@pytest.mark.slow
+def test_a_launch_host_that_vanishes_fails_the_stream_within_the_keepalive_bound(
+        ssh_conn, netns_host, tmp_path):
+    """No FIN, no RST, nothing: the host's link goes down mid-job. The SSH keepalives leave
+    data unacknowledged and TCP_USER_TIMEOUT ends the connection, so the job's stream fails
+    naming the host within keepalive_s + dead_after_s (here 1 + 3 s; by default 10 + 30 s),
+    not after TCP's 15 minutes of retransmissions."""
+    from ringflow_provider.jobs.ssh import SSHJob
+    from ringflow_provider.remote_job import JobId
+
+    hook = MultiHostSSHHook(ssh_conn, conn_timeout=5, keepalive_s=1, dead_after_s=3)
+    lines: list = []
+    job = SSHJob(hook, netns_host.address, JobId("d", "t", "vanish", 1),
+                 ["sh", "-c", "echo started; sleep 300"], collect(lines),
+                 state_dir=str(tmp_path / "state"))
+    outcome: dict = {}
+
+    def stream():
+        try:
+            outcome["code"] = job.wait()
+        except LaunchError as exc:
+            outcome["error"] = exc
+        outcome["at"] = time.monotonic()
+
+    job.start()
+    waiter = threading.Thread(target=stream, daemon=True)
+    waiter.start()
+    try:
+        wait_until(lambda: ("stdout", "started") in lines, 20, "the job to start")
+        vanished = time.monotonic()
+        netns_host.vanish()
+        waiter.join(30)
+    finally:
+        hook.close()
+    assert not waiter.is_alive(), "the stream did not notice the host was gone"
+    assert "code" not in outcome
+    assert str(outcome["error"]).startswith(f"host {netns_host.address!r}: the SSH channel "
+                                            "closed before the command reported an exit status")
+    assert outcome["at"] - vanished < 1 + 3 + 5      # the bound, plus scheduling slack
+
+
+def test_the_default_keepalive_bound_is_within_a_minute(ssh_conn):
+    from ringflow_provider.hooks.multi_ssh import DEAD_AFTER_S, KEEPALIVE_S
+
+    hook = MultiHostSSHHook(ssh_conn)
+    try:
+        assert (hook.keepalive_s, hook.dead_after_s) == (KEEPALIVE_S, DEAD_AFTER_S)
+        assert KEEPALIVE_S + DEAD_AFTER_S <= 60
+        assert hook.hook_for("127.0.0.1").keepalive_interval == KEEPALIVE_S
+        sock = hook.connect("127.0.0.1").get_transport().sock
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == 30_000
+        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+    finally:
+        hook.close()

@@ -11,6 +11,7 @@ lifecycle on top of it.
 from __future__ import annotations
 
 import selectors
+import socket
 import time
 from collections import deque
 from collections.abc import Callable
@@ -28,6 +29,12 @@ __all__ = ["LineSink", "MultiHostSSHHook", "StreamResult"]
 
 _READ_CHUNK = 65536
 _TICK_S = 0.5
+# A host that vanishes (power, network) sends no FIN or RST: TCP alone would retransmit for
+# about 15 minutes. An SSH keepalive every KEEPALIVE_S leaves data unacknowledged on such a
+# link, and TCP_USER_TIMEOUT drops the connection once data stayed unacknowledged for
+# DEAD_AFTER_S: the stream then fails within KEEPALIVE_S + DEAD_AFTER_S (40 s).
+KEEPALIVE_S = 10
+DEAD_AFTER_S = 30
 
 
 @dataclass
@@ -46,6 +53,9 @@ class MultiHostSSHHook(BaseHook):
     :param conn_timeout: seconds for TCP connect, SSH banner and authentication each.
     :param cmd_timeout: seconds without any output before a streamed command fails;
         None (the default) means no limit.
+    :param keepalive_s: seconds between SSH keepalives on an idle connection.
+    :param dead_after_s: seconds the peer may leave sent data unacknowledged before the
+        connection counts as lost (TCP_USER_TIMEOUT).
     """
 
     conn_name_attr = "ssh_conn_id"
@@ -54,11 +64,14 @@ class MultiHostSSHHook(BaseHook):
     hook_name = "SSH (ringflow, several hosts)"
 
     def __init__(self, ssh_conn_id: str = default_conn_name, conn_timeout: float = 10,
-                 cmd_timeout: float | None = None):
+                 cmd_timeout: float | None = None, keepalive_s: int = KEEPALIVE_S,
+                 dead_after_s: float = DEAD_AFTER_S):
         super().__init__()
         self.ssh_conn_id = ssh_conn_id
         self.conn_timeout = conn_timeout
         self.cmd_timeout = cmd_timeout
+        self.keepalive_s = max(int(keepalive_s), 1)
+        self.dead_after_s = dead_after_s
         self._hooks: dict[str, SSHHook] = {}
 
     def hook_for(self, host: str) -> SSHHook:
@@ -71,6 +84,7 @@ class MultiHostSSHHook(BaseHook):
                 banner_timeout=self.conn_timeout,
                 auth_timeout=self.conn_timeout,
                 conn_retry_attempts=1,
+                keepalive_interval=self.keepalive_s,
             )
         return self._hooks[host]
 
@@ -82,7 +96,9 @@ class MultiHostSSHHook(BaseHook):
         """An open client to `host`, or LaunchError naming the host and the cause."""
         try:
             hook = self.hook_for(host)
-            return hook.get_conn()
+            client = hook.get_conn()
+            _bound_silence(client, self.keepalive_s, self.dead_after_s)
+            return client
         except Exception as exc:
             where = f"host {host!r} (connection {self.ssh_conn_id!r})"
             if host in self._hooks:
@@ -99,6 +115,9 @@ class MultiHostSSHHook(BaseHook):
             _, stdout, stderr = client.exec_command(command, timeout=timeout)
             stdout.channel.shutdown_write()
             out, err = stdout.read(), stderr.read()
+            if not stdout.channel.status_event.wait(timeout):
+                raise LaunchError(f"host {host!r}: {command[:60]!r} gave no exit status "
+                                  f"within {timeout} s")
             code = stdout.channel.recv_exit_status()
         except (OSError, paramiko.SSHException) as exc:
             raise LaunchError(f"host {host!r}: {command[:60]!r} failed: {exc}") from exc
@@ -209,3 +228,17 @@ class MultiHostSSHHook(BaseHook):
             if hook.client is not None:
                 hook.client.close()
                 hook.client = None
+
+
+def _bound_silence(client: paramiko.SSHClient, keepalive_s: int, dead_after_s: float) -> None:
+    """TCP-level bounds on a connection whose peer may vanish without a word (see
+    KEEPALIVE_S); a no-op for a connection that is not a TCP socket (a proxy command)."""
+    transport = client.get_transport()
+    sock = getattr(transport, "sock", None)
+    if not isinstance(sock, socket.socket):
+        return
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for option, value in (("TCP_KEEPIDLE", keepalive_s), ("TCP_KEEPINTVL", keepalive_s),
+                          ("TCP_KEEPCNT", 3), ("TCP_USER_TIMEOUT", int(dead_after_s * 1000))):
+        if hasattr(socket, option):  # Linux; elsewhere TCP's own timers apply
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
