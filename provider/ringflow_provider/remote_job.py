@@ -14,6 +14,8 @@ import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from ringflow.naming import check_job_id
+
 PGID_MARKER = "ringflow-pgid="
 PGID_LINE = re.compile(r"^ringflow-pgid=(\d+)$")
 SIGNAL_MARKER = "ringflow: the job was ended by signal "
@@ -221,6 +223,29 @@ def kill_command(job: JobId, pgid: int | None, state_dir: str | None = None) -> 
         f"setsid sh -c {shlex.quote(killer)} > /dev/null 2>&1 < /dev/null &\n"
     )
     return f"sh -c {shlex.quote(script)}"
+
+
+# ringflow's own sweep rule (ringflow.launch.shm): this user's segments of the job whose
+# creator is gone; run by the job's interpreter, which has ringflow (ringflow_job=True).
+_SWEEP = (
+    "import sys\n"
+    "from ringflow.launch.shm import sweep_job_segments\n"
+    "removed = sweep_job_segments(sys.argv[1])\n"
+    "print('ringflow: removed shm segments ' + ' '.join(removed) if removed else "
+    "'ringflow: no shm segment of the job left')\n"
+)
+
+
+def sweep_command(python: str, job_id: str, after_s: int = 0) -> str:
+    """Remove what a ringflow job left in /dev/shm on a host. With `after_s`, the sweep runs
+    detached that many seconds later (after a kill's SIGKILL) and the command returns at
+    once."""
+    run = shlex.join([python, "-c", _SWEEP, check_job_id(job_id)])
+    if not after_s:
+        return f"sh -c {shlex.quote(run)}"
+    delayed = f"sleep {int(after_s)}; {run}"
+    detached = f"setsid sh -c {shlex.quote(delayed)} > /dev/null 2>&1 < /dev/null &"
+    return f"sh -c {shlex.quote(detached)}"
 
 
 def find_executable_command(executable: str) -> str:

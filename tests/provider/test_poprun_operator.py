@@ -10,10 +10,12 @@ import json
 import os
 import re
 import subprocess
+import sys
 import textwrap
 import threading
 import time
 import uuid
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -205,6 +207,52 @@ def test_a_job_without_the_secrets_on_stdin_does_not_start(sshd, ssh_conn):
     job.start()
     assert job.wait() == 96
     assert got == [("stderr", "ringflow: the value of DB_PASS did not arrive on stdin")]
+
+
+# An instance that leaves a shared-memory segment of its job behind, as a crashed rank does
+# (an empty file: no live creator in its header).
+SEGMENT_LEAVER = """
+    job, rank = os.environ["RINGFLOW_JOB_ID"], os.environ["PADDLE_TRAINER_ID"]
+    open(f"/dev/shm/ringflow-{job}-held{rank}", "wb").close()
+    print("left", job, rank, flush=True)
+    if len(sys.argv) > 1:
+        time.sleep(300)
+"""
+
+
+def _left_segments(lines) -> list[Path]:
+    left = [line.split() for _, line in lines if line.startswith("left ")]
+    return [Path(f"/dev/shm/ringflow-{job}-held{rank}") for _, job, rank in left]
+
+
+def test_a_ringflow_job_leaves_no_shm_segment_on_any_host(sshd, ssh_conn):
+    script = write_script(sshd, SEGMENT_LEAVER)
+    op, lines = make_op(sshd, ssh_conn, script, hosts="127.0.0.1,localhost", num_ipus=2,
+                        ringflow_job=True, python=sys.executable)
+    op.execute(context())
+    segments = _left_segments(lines)
+    assert len(segments) == 2 and not any(p.exists() for p in segments)
+    said = [m for _, m in op._cached_logger.records if m.startswith("shm sweep on ")]
+    assert sorted(m.split(":")[0] for m in said) == ["shm sweep on 127.0.0.1",
+                                                     "shm sweep on localhost"]
+    removed = [m.split("removed shm segments ")[1].split() for m in said if "removed" in m]
+    assert sorted(name for names in removed for name in names) == sorted(p.name for p in segments)
+
+
+@pytest.mark.slow
+def test_a_killed_ringflow_job_leaves_no_shm_segment(sshd, ssh_conn):
+    script = write_script(sshd, SEGMENT_LEAVER)
+    op, lines = make_op(sshd, ssh_conn, script, ringflow_job=True, python=sys.executable,
+                        training_script_args=["hold"])
+    worker, outcome = run_in_thread(op, context())
+    wait_until(lambda: _left_segments(lines), 30, "the instance to leave its segment")
+    started = time.monotonic()
+    op.on_kill()
+    assert time.monotonic() - started < 2.0
+    worker.join(20)
+    assert "was killed" in str(outcome["error"])
+    (segment,) = _left_segments(lines)
+    wait_until(lambda: not segment.exists(), 20, "the delayed sweep to remove the segment")
 
 
 def test_nonzero_exit_fails_with_the_code_and_the_last_20_lines(sshd, ssh_conn):

@@ -5,9 +5,11 @@ from __future__ import annotations
 import secrets as token_source
 import shlex
 import signal
+import threading
 import time
 import uuid
 from collections.abc import Container
+from concurrent.futures import ThreadPoolExecutor
 from functools import cached_property
 from typing import Any, ClassVar
 
@@ -29,7 +31,12 @@ from ringflow_provider.poprun import (
     secret_values,
     validate_field,
 )
-from ringflow_provider.remote_job import JobId, find_executable_command
+from ringflow_provider.remote_job import (
+    KILL_GRACE_S,
+    JobId,
+    find_executable_command,
+    sweep_command,
+)
 
 __all__ = ["ON_KILL_BUDGET_S", "PopRunOperator"]
 
@@ -164,6 +171,7 @@ class PopRunOperator(BaseOperator):
         self._stop_streaming = False
         self._job: JobId | None = None
         self._remote: SSHJob | None = None  # the job lifecycle (ringflow_provider.jobs)
+        self._sweep: tuple[str, str, list[str]] | None = None  # (python, job id, hosts)
         self._secrets = Secrets()
         self._validate_literals()
 
@@ -248,6 +256,7 @@ class PopRunOperator(BaseOperator):
         job_vars, job_secrets = {}, {}
         if ringflow_job:  # per try: the instances' rendezvous identity
             job_vars = {"RINGFLOW_JOB_ID": uuid.uuid4().hex[:12]}
+            self._sweep = (config.python, job_vars["RINGFLOW_JOB_ID"], list(config.hosts))
             job_secrets = {"RINGFLOW_JOB_TOKEN": token_source.token_hex(32)}
         hidden = {**config.hidden_env(), **job_secrets}
         argv = launch_argv(config, secret=list(job_secrets), plain=job_vars)
@@ -307,7 +316,33 @@ class PopRunOperator(BaseOperator):
         if self._killed:  # on_kill came during preflight: start nothing
             return -1, []
         self._remote.start()
-        return self._remote.wait(), self._remote.tail
+        code = self._remote.wait()
+        if not self._killed:
+            self._sweep_segments()
+        return code, self._remote.tail
+
+    def _sweep_segments(self, after_s: int = 0) -> None:
+        """Remove what the ringflow job left in /dev/shm on every host of the job (segments of
+        this user whose creator is gone: ringflow's own rule), now that it has ended, or
+        detached `after_s` later (on kill: after the SIGKILL). Best effort: a host that
+        cannot be reached is logged, never a failure of its own."""
+        if self._sweep is None:
+            return
+        python, job_id, hosts = self._sweep
+        timeout = ON_KILL_BUDGET_S if after_s else self.conn_timeout
+
+        def sweep(host: str) -> str:
+            try:
+                code, out, err = self.hook.run(host, sweep_command(python, job_id, after_s),
+                                               timeout=timeout)
+            except RingflowError as exc:
+                return f"shm sweep on {host}: {exc}"
+            said = (out + err).strip().splitlines()
+            return f"shm sweep on {host}: {said[-1] if said else f'exit {code}'}"
+
+        with ThreadPoolExecutor(max_workers=min(8, len(hosts))) as pool:
+            for said in pool.map(sweep, hosts):
+                self.log.info("%s", said)
 
     def _log_line(self, stream: str, line: str) -> None:
         # Airflow's masker redacts task logs too; masking here also covers logs outside a task.
@@ -338,7 +373,13 @@ class PopRunOperator(BaseOperator):
         """Kill the remote process group with one detached command; return within 2 s."""
         self._killed = True
         if self._remote is not None:
+            deadline = time.monotonic() + ON_KILL_BUDGET_S
+            # the hosts' delayed shm sweeps go out while the kill does, in the same budget
+            sweeper = threading.Thread(target=self._sweep_segments, daemon=True,
+                                       kwargs={"after_s": KILL_GRACE_S + 2})
+            sweeper.start()
             self._remote.stop("on_kill", ON_KILL_BUDGET_S)
+            sweeper.join(max(deadline - time.monotonic(), 0))
         self._stop_streaming = True
 
     def _stop_after_failure(self, error: str, host: str) -> str:
