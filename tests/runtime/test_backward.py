@@ -59,7 +59,8 @@ def test_loss_grad_is_fill_constant_one_into_loss_at_grad(net):
     loss = _mlp(net)
     rf.append_backward(loss)
     op = net.block.ops[7]
-    assert op.output("Out") == [grad_var_name(loss.name)] == ["reduce_mean_6@GRAD"]
+    # DESIGN.md: the gradient of v is the variable v@GRAD (whatever counter named the loss)
+    assert op.output("Out") == [grad_var_name(loss.name)] == [loss.name + "@GRAD"]
     assert (op.attr("shape"), op.attr("value"), op.attr("dtype")) == ([1], 1.0, "float32")
     assert rf.framework.is_loss_grad_op(op)
 

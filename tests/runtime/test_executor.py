@@ -7,7 +7,6 @@ import pytest
 
 import ringflow as rf
 from ringflow.errors import ExecutionError, ProgramError
-from ringflow.executor import stable_seed
 from ringflow.framework.registry import _unregister_op
 
 
@@ -213,7 +212,7 @@ def _rand_program(seed_attr, ops_before=0):
 
 
 def test_random_op_with_seed_is_reproducible_and_independent_of_its_index(scratch_ops):
-    seed = stable_seed(11, "dropout_0")
+    seed = 123457
     a = rf.Executor().run(_rand_program(seed), fetch_list=["r"], scope=rf.Scope())[0]
     b = rf.Executor().run(_rand_program(seed, ops_before=2), fetch_list=["r"],
                           scope=rf.Scope())[0]

@@ -9,7 +9,6 @@ import pytest
 
 import ringflow as rf
 from ringflow.errors import ProgramError
-from ringflow.executor import stable_seed
 from ringflow.framework.layer_helper import create_parameter
 from ringflow.initializer import compute_fans
 
@@ -36,8 +35,8 @@ def test_constant_is_one_fill_constant_op():
 def test_normal_is_one_gaussian_random_op_with_the_asked_moments():
     op, value = _init(rf.initializer.Normal(mean=1.0, std=0.5))
     assert op.type == "gaussian_random"
-    assert (op.attr("mean"), op.attr("std"), op.attr("seed")) == (
-        1.0, 0.5, stable_seed(0, "p"))
+    assert (op.attr("mean"), op.attr("std")) == (1.0, 0.5)
+    assert isinstance(op.attr("seed"), int) and op.attr("seed") != 0  # see the seed tests
     assert value.dtype == np.float32 and value.shape == (200, 300)
     assert value.mean() == pytest.approx(1.0, abs=0.01)
     assert value.std() == pytest.approx(0.5, rel=0.02)

@@ -140,13 +140,20 @@ def test_a_stopped_rank_gets_sigterm_delivered_not_held_until_the_grace_ends(lau
     launcher.script("worker.py", """
         import os, signal, sys, time
         if os.environ["PADDLE_TRAINER_ID"] == "0":
-            with open("stopping", "w"):
-                pass
+            with open("stopping.tmp", "w") as f:
+                f.write(str(os.getpid()))
+            os.rename("stopping.tmp", "stopping")
             os.kill(os.getpid(), signal.SIGSTOP)  # a silent hang, as a debugger would leave it
             time.sleep(1000)
-        while not os.path.exists("stopping"):
-            time.sleep(0.02)
-        time.sleep(0.2)
+        deadline = time.monotonic() + 20
+        while not os.path.exists("stopping") and time.monotonic() < deadline:
+            time.sleep(0.005)
+        stat = f"/proc/{open('stopping').read()}/stat"
+        # fail only once rank 0 is really stopped (state T), so the case is reached
+        while open(stat).read().rsplit(")", 1)[1].split()[0] != "T":
+            if time.monotonic() > deadline:
+                sys.exit(9)
+            time.sleep(0.005)
         sys.exit(2)
     """)
     done = launcher.run("--nproc-per-host", "2", "worker.py")
