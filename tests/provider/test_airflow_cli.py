@@ -101,10 +101,12 @@ def test_rendered_fields_stored_by_airflow_mask_secret_env_values():
 
     op = PopRunOperator(task_id="rtif", hosts="n1", nproc_per_host=1, ipus_per_replica=1,
                         num_ipus=1, ipu_partition="p", vipu_server="s", training_script="t.py",
-                        extra_env="{{ params.env | tojson }}")
-    op.render_template_fields({"params": {"env": {"MY_KEY": "k-rtif-31", "PLAIN": "v-5"}}})
+                        extra_env="{{ params.env | tojson }}",
+                        secret_env={"SESSION": "{{ params.session }}"})
+    op.render_template_fields({"params": {"env": {"MY_KEY": "k-rtif-31", "PLAIN": "v-5"},
+                                          "session": 'se"ss-rtif-77'}})
     stored = json.dumps(_serialize_rendered_fields(op))
-    assert "k-rtif-31" not in stored
+    assert "k-rtif-31" not in stored and "ss-rtif-77" not in stored
     assert '\\"MY_KEY\\": \\"***\\"' in stored and "v-5" in stored
 
 

@@ -165,15 +165,18 @@ class MultiHostSSHHook(BaseHook):
         transport = client.get_transport()
         if transport is None or not transport.is_active():
             raise LaunchError(f"host {host!r}: SSH transport closed before the command started")
-        channel = transport.open_session(timeout=self.conn_timeout)
+        try:
+            channel = transport.open_session(timeout=self.conn_timeout)
+        except (OSError, paramiko.SSHException) as exc:
+            raise LaunchError(f"host {host!r}: cannot open an SSH session: {exc}") from exc
         try:
             channel.exec_command(command)
             if stdin_text:
                 channel.sendall(stdin_text.encode())
             channel.shutdown_write()
-        except Exception:
+        except (OSError, paramiko.SSHException) as exc:
             channel.close()
-            raise
+            raise LaunchError(f"host {host!r}: cannot start the command: {exc}") from exc
         return channel
 
     def pump(self, host: str, channel: paramiko.Channel, sink: LineSink,
@@ -181,7 +184,11 @@ class MultiHostSSHHook(BaseHook):
         """Pass the channel's whole output lines to `sink` until the command ends (or
         `should_stop()`); the exit code is -1 when none came."""
         result = StreamResult(exit_code=-1)
-        self._pump(host, channel, sink, result, should_stop)
+        try:
+            self._pump(host, channel, sink, result, should_stop)
+        except (OSError, paramiko.SSHException) as exc:
+            raise LaunchError(f"host {host!r}: the SSH stream failed ({type(exc).__name__}: "
+                              f"{exc}); the command may still be running there") from exc
         return result
 
     def _pump(self, host: str, channel: paramiko.Channel, sink: LineSink,
