@@ -28,6 +28,7 @@ from urllib.parse import quote
 
 import httpx
 
+from tests import procs
 from tests.airflow_env import VENV_BIN
 
 MARK_VAR = "RINGFLOW_AIRFLOW_SERVICES"  # inherited by every process the services start
@@ -52,20 +53,7 @@ def _free_port() -> int:
 
 def marked_processes(mark: str) -> list[int]:
     """Live (non-zombie) processes whose environment carries MARK_VAR=mark."""
-    needle = f"{MARK_VAR}={mark}".encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            if stat[stat.rfind(")") + 2] in "ZX":
-                continue
-            if needle in (entry / "environ").read_bytes().split(b"\0"):
-                found.append(int(entry.name))
-        except (OSError, IndexError):
-            continue
-    return found
+    return procs.marked_processes(MARK_VAR, mark)
 
 
 def _tail(path: Path, lines: int = 40) -> str:

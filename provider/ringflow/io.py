@@ -13,7 +13,8 @@ import contextlib
 import os
 import tempfile
 import zipfile
-from typing import Any
+from collections.abc import Callable
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -77,9 +78,14 @@ def save(program: Program, path: str | os.PathLike, scope: Scope | None = None) 
 
 def write_npz_atomic(target: str | os.PathLike, arrays: dict[str, np.ndarray]) -> str:
     """Writes ``arrays`` (member name -> numeric array) as the npz file ``target`` (no
-    suffix added): into a temporary file of the same directory, flushed and fsynced, then
-    renamed over ``target``, so a crash leaves the old file or the new one, never a part.
-    Returns ``target`` as a string."""
+    suffix added), atomically (``write_atomic``). Returns ``target`` as a string."""
+    return write_atomic(target, lambda f: _write_npz(f, arrays))
+
+
+def write_atomic(target: str | os.PathLike, write: Callable[[BinaryIO], None]) -> str:
+    """Runs ``write(file)`` into a temporary file of ``target``'s directory, flushes and
+    fsyncs it, then renames it over ``target`` (mode 0666 less the umask), so a crash leaves
+    the old file or the new one, never a part. Returns ``target`` as a string."""
     target = os.fspath(target)
     directory = os.path.dirname(os.path.abspath(target))
     os.makedirs(directory, exist_ok=True)
@@ -88,7 +94,7 @@ def write_npz_atomic(target: str | os.PathLike, arrays: dict[str, np.ndarray]) -
     try:
         with os.fdopen(fd, "wb") as f:
             os.fchmod(f.fileno(), 0o666 & ~current_umask())
-            _write_npz(f, arrays)
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, target)

@@ -7,6 +7,7 @@ operator does for literal arguments at DAG parse time); the cross-field rules of
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 from typing import Annotated, Any
@@ -45,17 +46,25 @@ RESERVED_ENV = frozenset(
 )
 
 
-def _json_text(value: Any, what: str) -> Any:
-    """A template renders lists and dicts to text: accept their JSON form."""
+def json_text(value: Any, what: str = "value") -> Any:
+    """A template renders lists and dicts to text: accept their JSON form, and Python's
+    literal form (what ``{{ params.x }}`` of a dict or list param renders to)."""
     if isinstance(value, str) and value.strip()[:1] in ("[", "{"):
         try:
             return json.loads(value)
         except json.JSONDecodeError as exc:
-            raise ValueError(f"{what}: expected JSON text, got {value!r} ({exc.msg})") from None
+            try:
+                literal = ast.literal_eval(value.strip())
+            except (ValueError, SyntaxError):
+                raise ValueError(f"{what}: expected JSON text, got {value!r} ({exc.msg})") \
+                    from None
+            if isinstance(literal, (list, dict)):
+                return literal
+            raise ValueError(f"{what}: expected JSON text, got {value!r}") from None
     return value
 
 
-def _none_text(value: Any) -> Any:
+def none_text(value: Any) -> Any:
     """An optional field rendered from a None param arrives as '' or 'None'."""
     if isinstance(value, str) and value.strip() in ("", "None", "null"):
         return None
@@ -63,7 +72,7 @@ def _none_text(value: Any) -> Any:
 
 
 def _parse_hosts(value: Any) -> Any:
-    value = _json_text(value, "hosts")
+    value = json_text(value, "hosts")
     if isinstance(value, str):
         return [part.strip() for part in value.split(",")]
     if isinstance(value, list):
@@ -186,31 +195,31 @@ Text = Annotated[str, AfterValidator(_check_text)]
 Program = Annotated[str, AfterValidator(_check_program)]
 Count = Annotated[int, Field(ge=1)]
 Hosts = Annotated[list[str], BeforeValidator(_parse_hosts), AfterValidator(_check_hosts)]
-ArgList = Annotated[list[str], BeforeValidator(lambda v: _json_text(v, "list")),
+ArgList = Annotated[list[str], BeforeValidator(lambda v: json_text(v, "list")),
                     AfterValidator(_check_args)]
 Env = Annotated[
     dict[str, str] | None,
-    BeforeValidator(lambda v: _json_text(_none_text(v), "extra_env")),
+    BeforeValidator(lambda v: json_text(none_text(v), "extra_env")),
     AfterValidator(lambda v: None if v is None else _check_env(v)),
 ]
 SecretEnv = Annotated[
     dict[str, str] | None,
-    BeforeValidator(lambda v: _json_text(_none_text(v), "secret_env")),
+    BeforeValidator(lambda v: json_text(none_text(v), "secret_env")),
     AfterValidator(lambda v: None if v is None else _check_secret_env(v)),
 ]
 Flags = Annotated[
     list[str] | None,
-    BeforeValidator(lambda v: _json_text(_none_text(v), "extra_poprun_args")),
+    BeforeValidator(lambda v: json_text(none_text(v), "extra_poprun_args")),
     AfterValidator(lambda v: None if v is None else _check_flags(v)),
 ]
 MpiArgs = Annotated[
     list[str] | None,
-    BeforeValidator(lambda v: _json_text(_none_text(v), "mpi_global_args")),
+    BeforeValidator(lambda v: json_text(none_text(v), "mpi_global_args")),
     AfterValidator(lambda v: None if v is None else _check_mpi_args(v)),
 ]
 LogLevel = Annotated[
     str | None,
-    BeforeValidator(_none_text),
+    BeforeValidator(none_text),
     AfterValidator(lambda v: None if v is None else check_mpi_value(v, "POPART_LOG_LEVEL")),
 ]
 

@@ -5,7 +5,6 @@ person reads, the loss history from the job's lines, a text chart and the loss p
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import re
 import sys
@@ -19,41 +18,20 @@ from ringflow.errors import ConfigError
 from ringflow.launch.result import parse_result_line
 from ringflow.train.metrics import METRIC, SUMMARY, parse_train_line
 from ringflow.train.spec import FIELD_DOCS, FIELD_MINIMUMS, JobSpec
+from ringflow_provider.models import json_text, none_text
 
 SPEC_FIELDS = tuple(f.name for f in dataclasses.fields(JobSpec))
 _DICT_FIELDS = {"model_args", "optimizer", "lr_schedule"}
 _OPTIONAL = {"lr_schedule", "grad_clip", "checkpoint_dir"}
 
 
-def json_text(value: Any) -> Any:
-    """A template renders a dict to text: accept its JSON form (and Python's repr of it,
-    which is what ``{{ params.x }}`` of a dict param renders to)."""
-    if isinstance(value, str) and value.strip()[:1] == "{":
-        try:
-            return json.loads(value)
-        except json.JSONDecodeError:
-            try:
-                return json.loads(value.replace("'", '"').replace("None", "null")
-                                  .replace("True", "true").replace("False", "false"))
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"expected a JSON object, got {value!r} ({exc.msg})") from None
-    return value
-
-
-def _none_text(value: Any) -> Any:
-    """An optional field rendered from a None param arrives as '' or 'None'."""
-    if isinstance(value, str) and value.strip() in ("", "None", "null"):
-        return None
-    return value
-
-
 def _field(f: dataclasses.Field) -> tuple[Any, Any]:
     default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
     before = []
     if f.name in _OPTIONAL:
-        before.append(BeforeValidator(_none_text))
+        before.append(BeforeValidator(none_text))
     if f.name in _DICT_FIELDS:
-        before.append(BeforeValidator(json_text))
+        before.append(BeforeValidator(lambda v, name=f.name: json_text(v, name)))
     extra = {"ge": FIELD_MINIMUMS[f.name]} if f.name in FIELD_MINIMUMS else {}
     annotated = Annotated[(f.type, *before)] if before else f.type
     return annotated, Field(default, description=FIELD_DOCS[f.name], **extra)

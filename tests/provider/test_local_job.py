@@ -26,6 +26,7 @@ from ringflow.launch.processes import live_groups
 from ringflow.launch.stdin import encode_secrets
 from ringflow_provider.jobs.lines import MAX_LINE_BYTES, LineSplitter
 from ringflow_provider.jobs.local import LocalJob
+from tests.procs import alive, marked_processes
 from tests.provider.conftest import wait_until
 
 pytestmark = pytest.mark.timeout(60)
@@ -78,19 +79,7 @@ def run(argv: list[str], timeout: float = 30, **kw) -> tuple[int | None, Lines]:
 
 def marked(mark: str) -> list[int]:
     """Live processes whose environment carries the test's mark."""
-    needle = f"{MARK_VAR}={mark}".encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            if not entry.name.isdigit():
-                continue
-            stat = (entry / "stat").read_text()
-            if stat[stat.rfind(")") + 2] not in "ZX" and \
-                    needle in (entry / "environ").read_bytes().split(b"\0"):
-                found.append(int(entry.name))
-        except (OSError, IndexError):
-            continue
-    return found
+    return marked_processes(MARK_VAR, mark)
 
 
 @pytest.fixture
@@ -366,7 +355,7 @@ def test_sigkill_of_the_owner_leaves_no_launcher_rank_or_segment(tmp_path, job_e
         owner.wait(timeout=10)
         # A process in the middle of exiting has already dropped its memory (its environ
         # reads empty, so it no longer looks marked) but is not a zombie yet: wait for both.
-        wait_until(lambda: not marked(job_env[MARK_VAR]) and not _alive(pids), 15,
+        wait_until(lambda: not marked(job_env[MARK_VAR]) and not alive(pids), 15,
                    "every process of the job to end")
         gone_s = time.monotonic() - killed
     finally:
@@ -374,23 +363,10 @@ def test_sigkill_of_the_owner_leaves_no_launcher_rank_or_segment(tmp_path, job_e
             owner.kill()
             owner.wait(timeout=10)
         owner.stdout.close()
-    assert _alive(pids) == []
+    assert alive(pids) == []
     assert not any(p.exists() for p in segments)
     # The ranks end on SIGTERM at once; the launcher's grace is 5 s.
     assert gone_s < 5.0 + 3.0, f"took {gone_s:.1f} s"
-
-
-def _alive(pids: list[int]) -> list[int]:
-    """The pids that are still running (neither gone nor a zombie)."""
-    alive = []
-    for pid in pids:
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-        except OSError:
-            continue
-        if stat[stat.rfind(")") + 2] not in "ZX":
-            alive.append(pid)
-    return alive
 
 
 def _holds(path: Path, needle: bytes) -> bool:

@@ -157,6 +157,17 @@ def test_rendered_command_runs_as_exactly_the_argv_in_a_real_shell(tmp_path):
     assert not (tmp_path / "pwned").exists()
 
 
+def test_a_dict_rendered_as_python_text_is_read_exactly():
+    """`{{ params.x }}` of a dict param renders Python's repr, not JSON."""
+    from ringflow_provider.models import json_text
+
+    assert json_text("{'a': 'None', 'b': \"it's\", 'c': None, 'd': True}") == {
+        "a": "None", "b": "it's", "c": None, "d": True}
+    assert json_text("['x', 1]") == ["x", 1]
+    with pytest.raises(ValueError, match="optimizer: expected JSON text"):
+        json_text("{not json", "optimizer")
+
+
 def test_list_and_dict_fields_accept_the_json_text_a_template_renders():
     cfg = config(hosts='["n1", "n2"]', nproc_per_host="2", num_ipus="8",
                  training_script_args='["--lr", "0.1"]', extra_env='{"A": "1"}',

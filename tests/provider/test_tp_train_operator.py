@@ -24,6 +24,7 @@ from airflow.sdk import Asset
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from ringflow_provider.operators.tp_train import TPTrainOperator
+from tests.procs import marked_processes
 from tests.provider.conftest import REPO, wait_until
 from tests.provider.test_poprun_operator import RecordingLog
 
@@ -33,19 +34,7 @@ SECRET = "s3cr3t-" + "5ab" * 8
 
 def marked(mark: str) -> list[int]:
     """Live processes whose environment carries TP_TEST_MARK=<mark>."""
-    needle = f"TP_TEST_MARK={mark}".encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            if stat[stat.rfind(")") + 2] not in "ZX" and \
-                    needle in (entry / "environ").read_bytes().split(b"\0"):
-                found.append(int(entry.name))
-        except (OSError, IndexError):
-            continue
-    return found
+    return marked_processes("TP_TEST_MARK", mark)
 
 
 def shm_left() -> list[str]:

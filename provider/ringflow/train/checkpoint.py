@@ -22,7 +22,6 @@ import contextlib
 import json
 import os
 import re
-import tempfile
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -110,26 +109,10 @@ def write_manifest(root: str, step: int, layout: Layout) -> str:
                 "mp_degree": layout.mp_degree, "nnodes": layout.nnodes, "files": files}
     _fsync_dir(directory)  # the shards' renames reach the disk before the manifest's
     target = os.path.join(directory, manifest_name(layout.host))
-    _write_text_atomic(target, json.dumps(manifest, indent=1) + "\n")
+    text = json.dumps(manifest, indent=1) + "\n"
+    io.write_atomic(target, lambda f: f.write(text.encode()))
     _fsync_dir(directory)
     return target
-
-
-def _write_text_atomic(target: str, text: str) -> None:
-    directory = os.path.dirname(target)
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(target)}.", suffix=".tmp",
-                               dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            os.fchmod(f.fileno(), 0o644)
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
 
 
 def _fsync_dir(directory: str) -> None:

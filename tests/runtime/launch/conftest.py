@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from ringflow.launch.result import parse_result_line
+from tests import procs
 
 MARK_VAR = "RINGFLOW_TEST_MARK"  # inherited by every descendant of a launcher a test starts
 
@@ -44,20 +45,7 @@ class Finished:
 
 def marked_processes(mark: str) -> list[int]:
     """Live (non-zombie) processes whose environment carries `mark`."""
-    needle = f"{MARK_VAR}={mark}".encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            if stat[stat.rfind(")") + 2] in "ZX":
-                continue
-            if needle in (entry / "environ").read_bytes().split(b"\0"):
-                found.append(int(entry.name))
-        except (OSError, IndexError):
-            continue
-    return found
+    return procs.marked_processes(MARK_VAR, mark)
 
 
 def wait_for(predicate, timeout: float, what: str, interval: float = 0.05):

@@ -2,7 +2,7 @@
 ranks; each round makes a new group and broadcasts from rank 2 (chain 2 -> 0 -> 1), and
 rank 1 joins the broadcast only once rank 2 has destroyed its side of the ring (a file in
 the shared working directory says so), so rank 2 is gone while rank 0, its neighbour, is
-still inside the broadcast, waiting to hand the data on to rank 1. Then, on one more group,
+still inside the broadcast, waiting to hand the data on to rank 1. Then, on two more groups,
 ranks 0 and 1 use the departed rank 2 (must fail naming it), and finally rank 2 broadcasts
 on the world ring and exits for real before rank 1 takes part. The order is made by these
 marks, not by sleeps; each wait has a deadline.
@@ -91,15 +91,20 @@ def main() -> None:
     except CommError as exc:
         print(f"CommError: {exc}", flush=True)
         sys.exit(17)
-    group = dist.new_group([0, 1, 2])
-    broadcast_from_2(group, rank, "left-last")
+    # One group for each late use: a rank whose op fails drops that group's connections at
+    # once, which the other rank would otherwise see before rank 2's departure.
+    late = [dist.new_group([0, 1, 2]) for _ in range(2)]
+    for group in late:
+        broadcast_from_2(group, rank, None)    # connected
     if rank == 2:
-        dist.destroy_process_group(group)
+        for group in late:
+            dist.destroy_process_group(group)
         mark("left-last")
     else:
-        wait_for("left-last")                 # rank 2 has left this group
+        wait_for("left-last")                 # rank 2 has left these groups
         try:
-            dist.broadcast(np.zeros(10), src=1, group=group)  # 1 -> 2 -> 0
+            # 1 -> 2 -> 0: rank 1 sends to rank 2, rank 0 waits for it, each on its own group
+            dist.broadcast(np.zeros(10), src=1, group=late[rank])
             print("broadcast to a departed rank did not fail", flush=True)
         except CommError as exc:
             print(f"late use: {exc}", flush=True)

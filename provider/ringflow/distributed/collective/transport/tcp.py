@@ -143,7 +143,7 @@ class TcpLink:
             return
         self._deadline = deadline
         try:
-            if self.right_left_in_order:
+            if self.right_left_in_order or self._goodbye_waiting():
                 raise BrokenPipeError("it had left")
             self.right.sendall(data)
         except OSError as exc:
@@ -154,6 +154,20 @@ class TcpLink:
                                  f"failed: {exc.strerror or exc}") from None
         finally:
             self._deadline = None
+
+    def _goodbye_waiting(self) -> bool:
+        """Whether the right neighbour's GOODBYE already sits in this socket, unread by the
+        watchdog thread yet: a send now would be buffered by the kernel and lost without an
+        error. One non-blocking peek per send."""
+        try:
+            pending = self.right.recv(4096, socket.MSG_DONTWAIT | socket.MSG_PEEK)
+        except (BlockingIOError, InterruptedError):
+            return False
+        except OSError:
+            return False  # the send itself reports a broken connection
+        if GOODBYE in pending:
+            self.right_left_in_order = True
+        return self.right_left_in_order
 
     def _left_early(self) -> str:
         return (f"rank {self.right_rank} left early: it finished, said goodbye and closed its "
