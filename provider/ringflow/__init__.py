@@ -27,6 +27,8 @@ _EXPORTS: Exports = {
     "append_backward": ("ringflow.backward", "append_backward"),
     "gradients": ("ringflow.backward", "gradients"),
     "Executor": ("ringflow.executor", "Executor"),
+    "BuildStrategy": ("ringflow.compiler", "BuildStrategy"),
+    "CompiledProgram": ("ringflow.compiler", "CompiledProgram"),
     "Scope": ("ringflow.executor", "Scope"),
     "global_scope": ("ringflow.executor", "global_scope"),
     "verify": ("ringflow.framework.verify", "verify"),

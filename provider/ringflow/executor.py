@@ -1,9 +1,12 @@
 """The numpy executor: the reference semantics of every program.
 
-``Executor.run`` is a short loop: for each op, look its kernel up in the op table, let it
-read its inputs from the scope and write its outputs back. Everything else here is
-checking (feeds, the dtype of the state a program reads, NaN/inf) and the small context
-kernels see.
+``Executor.run`` is a short loop: for each step of the prepared program, let its kernel
+read its inputs from the scope and write its outputs back. A step is a program op with its
+kernel from the op table, or a fused op or gradient-bucket step that ``ringflow.compiler``
+put in their place (``BuildStrategy``; ``Executor.prepared`` shows the plan). Everything
+else here is checking (feeds, the dtype of the state a program reads, NaN/inf), the small
+context kernels see, and the one ownership rule: the executor mutates or reuses only arrays
+it made or adopted (``owns``), never one a user put into the scope.
 """
 
 from __future__ import annotations
@@ -13,14 +16,18 @@ import time
 import weakref
 import zlib
 from collections.abc import Iterable, Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .errors import ExecutionError, ProgramError, RingflowError
+from .errors import ExecutionError, RingflowError
 from .framework.printer import op_to_string
 from .framework.program import Operator, Program, Variable, default_main_program
-from .framework.registry import EMPTY_VAR_NAME, get_op_def, has_op_def
+from .framework.registry import EMPTY_VAR_NAME
+
+if TYPE_CHECKING:
+    from .compiler import BuildStrategy, CompiledProgram, Plan
+    from .compiler.comm_stream import CommStream
 
 
 class Scope:
@@ -127,13 +134,13 @@ class KernelContext:
         The kernel must write every element and then ``set_output`` it."""
         name = self.op.outputs[slot][i]
         old = self.scope._vars.get(name)
-        # Reuse only the very array this executor allocated for the name: an array the
+        # Reuse only the very array this executor made or adopted for the name: an array the
         # user assigned to the scope (or another op's view) is never written behind its back.
-        if (old is not None and old is self.executor._owned.get(name)
+        if (old is not None and self.executor.owns(name, old)
                 and old.shape == tuple(shape) and old.dtype == dtype):
             return old
         fresh = np.empty(shape, dtype)
-        self.executor._owned[name] = fresh
+        self.executor.adopt(name, fresh)
         return fresh
 
     def rng(self) -> np.random.Generator:
@@ -203,25 +210,18 @@ def _check_persistables(block, scope: Scope) -> None:
                 f"it with an array of dtype {var.dtype}")
 
 
-def _kernels(block) -> list[Any]:
-    """Every op's kernel, looked up before the first op runs, so an op type that left the
-    table since the program was built fails the run before it changes any variable."""
-    kernels = []
-    for i, op in enumerate(block.ops):
-        if not has_op_def(op.type):
-            raise ProgramError(f"op {i} ({op.type}): unknown op type {op.type!r}: no op of "
-                               f"that type is registered\n  {op_to_string(op)}")
-        kernels.append(get_op_def(op.type).kernel)
-    return kernels
-
-
 class Executor:
     """Runs programs on numpy. ``place`` is accepted for Paddle compatibility (CPU only)."""
 
     def __init__(self, place: Any = None, profile: bool | None = None) -> None:
         self.place = place
+        # The arrays this executor made or adopted, by variable name: the only ones a
+        # kernel reuses as an output buffer or updates in place (``owns``).
         self._owned: dict[str, np.ndarray] = {}
         self._run_counts: dict[int, int] = {}
+        # program -> {(version, strategy, fetch names): Plan}
+        self._plans: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._streams: dict[int, CommStream] = {}
         # Opt-in per-op timing (``profile=True`` or RINGFLOW_PROFILE=1): op type ->
         # [calls, seconds inside its kernel]; read with ``profile_stats()``.
         if profile is None:
@@ -231,28 +231,30 @@ class Executor:
 
     def run(
         self,
-        program: Program | None = None,
+        program: Program | CompiledProgram | None = None,
         feed: Mapping[str, Any] | None = None,
         fetch_list: Iterable[Variable | str] | None = None,
         scope: Scope | None = None,
         return_numpy: bool = True,
     ) -> list[Any]:
-        """Runs ``program`` (default: the default main program) on ``scope`` (default: the
-        global scope) after writing ``feed`` into it; returns copies of the ``fetch_list``
-        values as ndarrays (``return_numpy`` is accepted for Paddle; there is nothing else to
-        return). A scheduler attached to the program sets the learning rate first and is
-        stepped after the run (not for ``clone(for_test=True)`` programs)."""
-        program = program if program is not None else default_main_program()
+        """Runs ``program`` (default: the default main program; a ``CompiledProgram`` runs
+        with its ``BuildStrategy``, a plain Program with the default one) on ``scope``
+        (default: the global scope) after writing ``feed`` into it; returns copies of the
+        ``fetch_list`` values as ndarrays (``return_numpy`` is accepted for Paddle; there is
+        nothing else to return). A scheduler attached to the program sets the learning rate
+        first and is stepped after the run (not for ``clone(for_test=True)`` programs)."""
+        program, strategy = _program_and_strategy(program)
         scope = scope if scope is not None else global_scope()
         block = program.global_block()
         fetch_names = [f.name if isinstance(f, Variable) else str(f) for f in fetch_list or ()]
         for name in fetch_names:
             if block._find_var_recursive(name) is None:
                 raise ExecutionError(f"fetch target {name!r} is not a variable of the program")
+        plan = self._plan(program, strategy, fetch_names)
         self._feed(block, feed or {}, scope)
         self._apply_lr_scheduler(program, scope)
         _check_persistables(block, scope)
-        self._run_ops(block, scope)
+        self._run_steps(plan, scope)
         self._run_counts[id(program)] = self._run_counts.get(id(program), 0) + 1
         if program.lr_scheduler is not None and not program._is_test:
             program.lr_scheduler.step()
@@ -260,6 +262,39 @@ class Executor:
         if missing:
             raise ExecutionError(f"fetch target {missing[0]!r} was not computed by the program")
         return [np.array(scope[name], copy=True) for name in fetch_names]
+
+    def prepared(self, program: Program | CompiledProgram,
+                 fetch_list: Iterable[Variable | str] | None = None) -> Plan:
+        """The plan ``run`` executes ``program`` as (fused ops, gradient buckets)."""
+        program, strategy = _program_and_strategy(program)
+        names = [f.name if isinstance(f, Variable) else str(f) for f in fetch_list or ()]
+        return self._plan(program, strategy, names)
+
+    def _plan(self, program: Program, strategy: BuildStrategy, fetch: list[str]) -> Plan:
+        from .compiler import prepare
+
+        plans = self._plans.setdefault(program, {})
+        key = (program._version, strategy, frozenset(fetch))
+        if key not in plans:
+            plans.clear()  # an older version's plans are dead
+            plans[key] = prepare(program, strategy, keep=fetch)
+        return plans[key]
+
+    def owns(self, name: str, arr: np.ndarray) -> bool:
+        """Whether ``arr`` is the array this executor made or adopted for ``name``."""
+        return self._owned.get(name) is arr
+
+    def adopt(self, name: str, arr: np.ndarray) -> None:
+        """``arr`` becomes the array kernels may reuse and update in place for ``name``."""
+        self._owned[name] = arr
+
+    def comm_stream(self, ring_id: int) -> CommStream:
+        """The communication thread of ring ``ring_id`` (made on first use)."""
+        from .compiler.comm_stream import CommStream
+
+        if ring_id not in self._streams:
+            self._streams[ring_id] = CommStream(f"ringflow-comm-ring{ring_id}")
+        return self._streams[ring_id]
 
     def run_count(self, program: Program) -> int:
         """How many times this executor has run ``program``: random ops (dropout) draw
@@ -273,28 +308,48 @@ class Executor:
             raise ExecutionError(f"set_run_count: count must be an int >= 0, got {count!r}")
         self._run_counts[id(program)] = count
 
-    def _run_ops(self, block, scope: Scope) -> None:
-        """The interpreter: for each op, its kernel reads inputs from and writes outputs to
-        the scope. A kernel's own exception becomes an ExecutionError naming the op."""
+    def _run_steps(self, plan: Plan, scope: Scope) -> None:
+        """The interpreter: for each step, its kernel reads inputs from and writes outputs
+        to the scope. A kernel's own exception becomes an ExecutionError naming the op. No
+        all-reduce of the run is still in flight when it returns, or raises."""
+        try:
+            self._interpret(plan.steps, scope)
+        except BaseException:
+            self._drain(plan, scope, quiet=True)
+            raise
+        self._drain(plan, scope)
+
+    def _interpret(self, steps: list, scope: Scope) -> None:
         check_nan = os.environ.get("RINGFLOW_CHECK_NAN") == "1"
         profile = self.profile
-        for i, (op, kernel) in enumerate(zip(block.ops, _kernels(block))):
-            ctx = KernelContext(self, op, i, scope)
+        for pos, step in enumerate(steps):
+            op = step.op
+            ctx = KernelContext(self, op, step.index if step.index >= 0 else pos, scope)
             try:
                 if profile:
                     t0 = time.perf_counter()
-                    kernel(ctx)
+                    step.kernel(ctx)
                     self._record(op.type, time.perf_counter() - t0)
                 else:
-                    kernel(ctx)
+                    step.kernel(ctx)
             except RingflowError:
                 raise
             except Exception as exc:
                 raise ExecutionError(
-                    f"op {i} ({op.type}) failed: {type(exc).__name__}: {exc}\n"
+                    f"op {ctx.index} ({op.type}) failed: {type(exc).__name__}: {exc}\n"
                     f"  {op_to_string(op)}") from exc
             if check_nan:
                 _check_finite(ctx)
+
+    def _drain(self, plan: Plan, scope: Scope, quiet: bool = False) -> None:
+        """Wait for the plan's gradient buckets still in flight; ``quiet`` while another
+        error is on its way (the first failure is the one to report)."""
+        for bucket in plan.buckets:
+            try:
+                bucket.wait_scope(scope)
+            except RingflowError:
+                if not quiet:
+                    raise
 
     def _record(self, op_type: str, seconds: float) -> None:
         entry = self._op_times.setdefault(op_type, [0, 0.0])
@@ -341,4 +396,19 @@ class Executor:
                 scope[name] = np.array([sched()], dtype=dtype)
 
     def close(self) -> None:
+        for stream in self._streams.values():
+            stream.close()
+        self._streams.clear()
         self._owned.clear()
+        self._plans = weakref.WeakKeyDictionary()
+
+
+def _program_and_strategy(program: Any) -> tuple[Program, BuildStrategy]:
+    from .compiler import CompiledProgram
+    from .compiler.build_strategy import DEFAULT_BUILD_STRATEGY
+
+    if program is None:
+        return default_main_program(), DEFAULT_BUILD_STRATEGY
+    if isinstance(program, CompiledProgram):
+        return program.program, program.build_strategy
+    return program, DEFAULT_BUILD_STRATEGY

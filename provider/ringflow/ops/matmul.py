@@ -62,13 +62,18 @@ _MATMUL_ATTRS = {"trans_x": False, "trans_y": False}
              infer_shape=_infer_matmul,
              grad=make_grad_op("matmul_v2_grad", fwd_inputs=["X", "Y"], in_grads=["X", "Y"]))
 def _matmul_v2(ctx) -> None:
-    x, y = ctx.input("X"), ctx.input("Y")
+    out = write_matmul(ctx, ctx.input("X"), ctx.input("Y"), "Out")
+    ctx.set_output("Out", out)
+
+
+def write_matmul(ctx, x: np.ndarray, y: np.ndarray, slot: str) -> np.ndarray:
+    """op(X) @ op(Y) into the buffer of output ``slot``; returns it (not yet set)."""
     tx, ty = _flags(ctx, x, y)
     a, b = (_t(x) if tx else x), (_t(y) if ty else y)
-    shape = matmul_shape(a.shape, b.shape, False, False, f"op {ctx.index} (matmul_v2)")
-    out = ctx.buffer("Out", shape, x.dtype)
+    shape = matmul_shape(a.shape, b.shape, False, False, f"op {ctx.index} ({ctx.op.type})")
+    out = ctx.buffer(slot, shape, x.dtype)
     np.matmul(a, b, out=out)
-    ctx.set_output("Out", out)
+    return out
 
 
 def _matmul_into(ctx, slot: str, lhs: np.ndarray, rhs: np.ndarray, shape, padded) -> None:
@@ -97,6 +102,14 @@ def _matmul_into(ctx, slot: str, lhs: np.ndarray, rhs: np.ndarray, shape, padded
              attrs=_MATMUL_ATTRS, infer_shape=like_inputs(("X", "X@GRAD"), ("Y", "Y@GRAD")))
 def _matmul_v2_grad(ctx) -> None:
     x, y, dout = ctx.input("X"), ctx.input("Y"), ctx.input("Out@GRAD")
+    write_matmul_grads(ctx, x, y, dout, "X@GRAD", "Y@GRAD")
+
+
+def write_matmul_grads(ctx, x: np.ndarray, y: np.ndarray, dout: np.ndarray, x_slot: str,
+                       y_slot: str) -> None:
+    """matmul_v2's input gradients from dOut into the output slots ``x_slot``/``y_slot``
+    (each only if the op has it); shared with fused_gemm_epilogue_grad, so both compute
+    the very same GEMMs."""
     tx, ty = _flags(ctx, x, y)
     xp = x.reshape(1, -1) if x.ndim == 1 else x
     yp = y.reshape(-1, 1) if y.ndim == 1 else y
@@ -105,18 +118,18 @@ def _matmul_v2_grad(ctx) -> None:
     batch = np.broadcast_shapes(xp.shape[:-2], yp.shape[:-2])
     dp = dout.reshape(*batch, a_rows, b_cols)
     # Out = A B with A = op(X), B = op(Y): dA = dOut B^T, dB = A^T dOut
-    if ctx.has_output("X@GRAD"):
+    if ctx.has_output(x_slot):
         if tx:      # dX = dA^T = B dOut^T
             lhs, rhs = (_t(yp) if ty else yp), _t(dp)
         else:
             lhs, rhs = dp, (yp if ty else _t(yp))
-        _matmul_into(ctx, "X@GRAD", lhs, rhs, x.shape, xp.shape)
-    if ctx.has_output("Y@GRAD"):
+        _matmul_into(ctx, x_slot, lhs, rhs, x.shape, xp.shape)
+    if ctx.has_output(y_slot):
         if ty:      # dY = dB^T = dOut^T A
             lhs, rhs = _t(dp), (_t(xp) if tx else xp)
         else:
             lhs, rhs = (xp if tx else _t(xp)), dp
-        _matmul_into(ctx, "Y@GRAD", lhs, rhs, y.shape, yp.shape)
+        _matmul_into(ctx, y_slot, lhs, rhs, y.shape, yp.shape)
 
 
 # mul: X flattened to [prod(dims < x_num_col_dims), rest], Y likewise, Out = X2 Y2 ----------

@@ -9,34 +9,25 @@ of allocating new ones. Scalars (learning rate, beta powers) are one-element arr
 from __future__ import annotations
 
 import math
-import weakref
 
 import numpy as np
 
 from ..framework.registry import make_grad_op, register_op
 from ._chunked import for_each_chunk, scratch
 
-# Arrays an update kernel made itself (id -> weakref): only those are mutated in place, so
-# an array a user put into the scope is never written behind their back.
-_adopted: dict[int, weakref.ref] = {}
-
-
-def _forget(key: int) -> None:
-    _adopted.pop(key, None)
-
 
 def _state(ctx, in_slot: str, out_slot: str) -> np.ndarray:
     """The array ``out_slot`` ends up holding, to be updated in place: the input array
-    itself when the op writes back to the same variable and the array is ours; else a
-    private contiguous copy, which becomes the output."""
+    itself when the op writes back to the same variable and the executor owns the array
+    (the executor's one ownership rule); else a private contiguous copy, which the
+    executor adopts and which becomes the output. So an array a user put into the scope is
+    never written behind their back."""
     arr = ctx.input(in_slot)
-    same_var = ctx.op.inputs[in_slot][0] == ctx.op.outputs[out_slot][0]
-    ref = _adopted.get(id(arr))
-    if same_var and ref is not None and ref() is arr:
+    name = ctx.op.inputs[in_slot][0]
+    if name == ctx.op.outputs[out_slot][0] and ctx.executor.owns(name, arr):
         return arr
     own = np.array(arr, order="C", copy=True)
-    key = id(own)
-    _adopted[key] = weakref.ref(own, lambda _r, key=key: _forget(key))
+    ctx.executor.adopt(ctx.op.outputs[out_slot][0], own)
     ctx.set_output(out_slot, own)
     return own
 
