@@ -55,7 +55,9 @@ def _sum_into(full: np.ndarray, shape: tuple[int, ...], dest: np.ndarray) -> Non
     axes = tuple(range(lead)) + tuple(
         lead + i for i, d in enumerate(shape) if d == 1 and full.shape[lead + i] != 1)
     kept = tuple(d for i, d in enumerate(full.shape) if i not in axes)
-    np.sum(full, axis=axes, out=dest.reshape(kept))
+    # float16 is summed in float32 and rounded once (a bias gradient sums a whole batch)
+    wide = np.float32 if dest.dtype == np.float16 else None
+    np.sum(full, axis=axes, out=dest.reshape(kept), dtype=wide)
 
 
 def _grad(dx_fn: GradFn | None, dy_fn: GradFn | None):

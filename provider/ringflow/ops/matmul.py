@@ -18,6 +18,13 @@ def _t(a: np.ndarray) -> np.ndarray:
     return a.swapaxes(-1, -2)
 
 
+def gemm_dtype(dtype) -> type | None:
+    """The dtype a GEMM computes in: float32 for float16 operands (numpy has no float16
+    GEMM, only a plain loop some 300x slower than BLAS; float32 accumulation rounded once
+    to float16 is what float16 GEMMs with float32 accumulators do), else the operands'."""
+    return np.float32 if dtype == np.float16 else None
+
+
 def matmul_shape(xs, ys, trans_x: bool, trans_y: bool, where: str) -> tuple[int, ...]:
     """Output shape of matmul_v2 (works with -1 dims). 1-D operands follow numpy: X [K]
     is a row [1, K], Y [K] a column [K, 1], and that dim is dropped from the output."""
@@ -72,7 +79,7 @@ def write_matmul(ctx, x: np.ndarray, y: np.ndarray, slot: str) -> np.ndarray:
     a, b = (_t(x) if tx else x), (_t(y) if ty else y)
     shape = matmul_shape(a.shape, b.shape, False, False, f"op {ctx.index} ({ctx.op.type})")
     out = ctx.buffer(slot, shape, x.dtype)
-    np.matmul(a, b, out=out)
+    np.matmul(a, b, out=out, dtype=gemm_dtype(out.dtype))
     return out
 
 
@@ -82,14 +89,14 @@ def _matmul_into(ctx, slot: str, lhs: np.ndarray, rhs: np.ndarray, shape, padded
     grad = ctx.buffer(slot, shape, lhs.dtype)
     full = (*np.broadcast_shapes(lhs.shape[:-2], rhs.shape[:-2]), lhs.shape[-2], rhs.shape[-1])
     if full == tuple(padded):
-        np.matmul(lhs, rhs, out=grad.reshape(padded))
+        np.matmul(lhs, rhs, out=grad.reshape(padded), dtype=gemm_dtype(grad.dtype))
     elif lhs.ndim == rhs.ndim and lhs.shape[:-2] == rhs.shape[:-2] and len(padded) == 2:
         # a 2-D operand shared by every batch: one GEMM over the batch folded into K
         lhs2 = np.moveaxis(lhs, -2, 0).reshape(lhs.shape[-2], -1)
         rhs2 = rhs.reshape(-1, rhs.shape[-1])
-        np.matmul(lhs2, rhs2, out=grad.reshape(padded))
+        np.matmul(lhs2, rhs2, out=grad.reshape(padded), dtype=gemm_dtype(grad.dtype))
     else:
-        prod = np.matmul(lhs, rhs)
+        prod = np.matmul(lhs, rhs, dtype=gemm_dtype(grad.dtype))
         lead = prod.ndim - len(padded)
         axes = tuple(range(lead)) + tuple(
             lead + i for i, d in enumerate(padded[:-2]) if d == 1 and prod.shape[lead + i] != 1)
@@ -163,7 +170,8 @@ def _as_matrices(ctx):
 def _mul(ctx) -> None:
     x, _, x2, y2, shape = _as_matrices(ctx)
     out = ctx.buffer("Out", shape, x.dtype)
-    np.matmul(x2, y2, out=out.reshape(x2.shape[0], y2.shape[1]))
+    np.matmul(x2, y2, out=out.reshape(x2.shape[0], y2.shape[1]),
+              dtype=gemm_dtype(out.dtype))
     ctx.set_output("Out", out)
 
 
@@ -175,5 +183,6 @@ def _mul_grad(ctx) -> None:
     for slot, shape, lhs, rhs in (("X@GRAD", x.shape, d2, y2.T), ("Y@GRAD", y.shape, x2.T, d2)):
         if ctx.has_output(slot):
             grad = ctx.buffer(slot, shape, x.dtype)
-            np.matmul(lhs, rhs, out=grad.reshape(lhs.shape[0], rhs.shape[1]))
+            np.matmul(lhs, rhs, out=grad.reshape(lhs.shape[0], rhs.shape[1]),
+                      dtype=gemm_dtype(grad.dtype))
             ctx.set_output(slot, grad)
