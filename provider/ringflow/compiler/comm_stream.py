@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -45,6 +46,7 @@ class CommStream:
         self.name = name
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
+        self.busy_s = 0.0  # time spent running jobs (how much communication could hide)
 
     def submit(self, what: str, timeout_s: float, fn: Callable[..., Any], *args: Any) -> Handle:
         if self._thread is None:
@@ -60,12 +62,13 @@ class CommStream:
             if job is None:
                 return
             handle, fn, args = job
+            started, error = time.perf_counter(), None
             try:
                 fn(*args)
             except BaseException as exc:  # handed to the waiter, which raises it
-                handle._finish(exc)
-            else:
-                handle._finish(None)
+                error = exc
+            self.busy_s += time.perf_counter() - started
+            handle._finish(error)
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Stop the thread after the jobs already queued."""
