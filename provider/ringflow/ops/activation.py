@@ -157,27 +157,63 @@ def erf(x: np.ndarray) -> np.ndarray:
     return np.copysign(result, x)
 
 
+_GELU_K = 0.044715
+
+
 def _gelu_parts(x: np.ndarray, approximate: bool) -> tuple[np.ndarray, np.ndarray]:
-    """(Phi(x), dPhi/dx) in float64: exact Phi = (1 + erf(x / sqrt 2)) / 2, or the tanh form."""
+    """(Phi(x), dPhi/dx) of the exact Phi = (1 + erf(x / sqrt 2)) / 2, in float64 (numpy
+    has no erf; ``erf`` sums a series)."""
     x = x.astype(np.float64)
-    if approximate:
-        x2 = x * x
-        t = np.tanh(_SQRT_2_OVER_PI * x * (1.0 + 0.044715 * x2))
-        return 0.5 * (1.0 + t), 0.5 * (1.0 - t * t) * _SQRT_2_OVER_PI * (1 + 3 * 0.044715 * x2)
     return 0.5 * (1.0 + erf(x / math.sqrt(2.0))), np.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)
+
+
+def _tanh_gelu(x: np.ndarray, x2: np.ndarray) -> np.ndarray:
+    """t = tanh(sqrt(2/pi) x (1 + k x^2)), in ``x2`` (which holds x^2 on entry) and in x's
+    dtype: the tanh form is an approximation already, float64 would only cost passes."""
+    x2 *= _GELU_K
+    x2 += 1.0
+    x2 *= x
+    x2 *= _SQRT_2_OVER_PI
+    return np.tanh(x2, out=x2)
 
 
 @register_op("gelu", inputs=["X"], outputs=["Out"], attrs={"approximate": False},
              infer_shape=same_shape_as(), grad=make_grad_op("gelu_grad", fwd_inputs=["X"]))
 def _gelu(ctx) -> None:
     x = ctx.input("X")
-    phi, _ = _gelu_parts(x, bool(ctx.attr("approximate")))
-    ctx.set_output("Out", (x * phi).astype(x.dtype))
+    if not ctx.attr("approximate"):
+        phi, _ = _gelu_parts(x, False)
+        ctx.set_output("Out", (x * phi).astype(x.dtype))
+        return
+    out = ctx.buffer("Out", x.shape, x.dtype)
+    t = _tanh_gelu(x, np.multiply(x, x, out=out))
+    t += 1.0                                # Out = x (1 + t) / 2
+    t *= 0.5
+    t *= x
+    ctx.set_output("Out", t)
 
 
 @register_op("gelu_grad", inputs=["X", "Out@GRAD"], outputs=["X@GRAD"],
              attrs={"approximate": False}, infer_shape=like_inputs(("X", "X@GRAD")))
 def _gelu_grad(ctx) -> None:
     x, dout = ctx.input("X"), ctx.input("Out@GRAD")
-    phi, dphi = _gelu_parts(x, bool(ctx.attr("approximate")))
-    ctx.set_output("X@GRAD", (dout * (phi + x * dphi)).astype(x.dtype))
+    if not ctx.attr("approximate"):
+        phi, dphi = _gelu_parts(x, False)
+        ctx.set_output("X@GRAD", (dout * (phi + x * dphi)).astype(x.dtype))
+        return
+    # dOut/dx = (1 + t) / 2 + x (1 - t^2) / 2 * sqrt(2/pi) (1 + 3k x^2)
+    x2 = np.multiply(x, x)
+    t = _tanh_gelu(x, x2.copy())
+    np.multiply(x2, 3 * _GELU_K, out=x2)
+    x2 += 1.0
+    x2 *= _SQRT_2_OVER_PI * 0.5
+    x2 *= x                                 # x sqrt(2/pi) (1 + 3k x^2) / 2
+    dx = ctx.buffer("X@GRAD", x.shape, dout.dtype)
+    np.multiply(t, t, out=dx)
+    np.subtract(1.0, dx, out=dx)
+    dx *= x2                                # ... times (1 - t^2)
+    t += 1.0
+    t *= 0.5
+    dx += t
+    dx *= dout
+    ctx.set_output("X@GRAD", dx)
