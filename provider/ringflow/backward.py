@@ -223,8 +223,9 @@ def _check_loss(loss: Any) -> Variable:
 
 def append_backward(loss: Variable, parameter_list: Iterable[Any] | None = None,
                     no_grad_set: Iterable[Any] | None = None,
-                    callbacks: Sequence[Callable] | None = None) -> list[tuple[Parameter,
-                                                                                Variable]]:
+                    callbacks: Sequence[Callable] | None = None,
+                    checkpoints: Iterable[Any] | None = None,
+                    ) -> list[tuple[Parameter, Variable]]:
     """Appends the backward pass of ``loss`` to its block; returns [(parameter, gradient)]
     for the trainable parameters (or ``parameter_list``) that get a gradient.
 
@@ -232,7 +233,15 @@ def append_backward(loss: Variable, parameter_list: Iterable[Any] | None = None,
     Backward|Loss writes ``loss@GRAD`` = 1; grad ops get role Backward; the last op
     writing each parameter's gradient gets ``op_role_var`` = [param, grad] + existing.
     ``callbacks`` are called as ``cb(block=..., context=...)`` after each grad op.
+    ``checkpoints`` (variables or names): the forward ops between them are recomputed in
+    the backward pass (``ringflow.recompute``); Paddle then also returns the checkpoint
+    names, ringflow the same list as without.
     """
+    if checkpoints:
+        from .recompute import append_backward_with_checkpoints
+
+        return append_backward_with_checkpoints(loss, checkpoints, parameter_list,
+                                                no_grad_set, callbacks)
     loss = _check_loss(loss)
     block, program = loss.block, loss.block.program
     loss_idx = _producer_index(block, loss.name)

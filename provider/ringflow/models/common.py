@@ -17,12 +17,14 @@ class BuiltModel:
     """``loss`` (shape [1]); ``feeds``: the data variables' names, in order;
     ``make_batch(seed, step, batch_size)``: the synthetic global batch of a step, a dict of
     arrays named as the feeds, a pure function of its arguments (not of the layout);
-    ``config``: the builder's arguments."""
+    ``config``: the builder's arguments; ``checkpoints``: the names of the model's natural
+    recompute checkpoints (block outputs), in forward order."""
 
     loss: Variable
     feeds: list[str]
     make_batch: Callable[[int, int, int], dict[str, np.ndarray]]
     config: dict[str, Any] = field(default_factory=dict)
+    checkpoints: list[str] = field(default_factory=list)
 
 
 def check_positive(model: str, **values: Any) -> None:

@@ -21,7 +21,8 @@ def mlp(input_size: int = 64, hidden_size: int = 256, num_classes: int = 10,
     Feeds ``x`` [-1, input_size] and ``y`` [-1] (int64 labels). Block i is
     ``<name>.<i>.fc1`` (column parallel, input -> hidden, split output), ReLU, then
     ``<name>.<i>.fc2`` (row parallel, hidden -> hidden, or -> num_classes in the last block,
-    gathered); blocks are joined by ReLU. ``mp_degree=1`` builds plain serial layers."""
+    gathered); blocks are joined by ReLU, whose outputs are the recompute checkpoints.
+    ``mp_degree=1`` builds plain serial layers."""
     check_positive("mlp", input_size=input_size, hidden_size=hidden_size,
                    num_classes=num_classes, num_layers=num_layers, mp_degree=mp_degree)
     check_divides("mlp", "mp_degree", mp_degree, hidden_size=hidden_size)
@@ -29,6 +30,7 @@ def mlp(input_size: int = 64, hidden_size: int = 256, num_classes: int = 10,
     x = data("x", [-1, input_size], dtype)
     y = data("y", [-1], "int64")
     h, width = x, input_size
+    checkpoints = []
     for i in range(num_layers):
         out = num_classes if i == num_layers - 1 else hidden_size
         h = split(h, (width, hidden_size), "linear", axis=1, num_partitions=mp_degree,
@@ -42,6 +44,7 @@ def mlp(input_size: int = 64, hidden_size: int = 256, num_classes: int = 10,
                   bias_attr=ParamAttr(f"{name}.{i}.fc2.b"))
         if i < num_layers - 1:
             h = nn.relu(h)
+            checkpoints.append(h.name)
         width = out
     loss = nn.mean(nn.softmax_with_cross_entropy(h, y))
     config = dict(input_size=input_size, hidden_size=hidden_size, num_classes=num_classes,
@@ -53,4 +56,4 @@ def mlp(input_size: int = 64, hidden_size: int = 256, num_classes: int = 10,
         xs = batch_rng(seed, step).standard_normal((batch_size, input_size))
         return {"x": xs.astype(dtype), "y": np.argmax(xs @ teacher, axis=1).astype(np.int64)}
 
-    return BuiltModel(loss, ["x", "y"], make_batch, config)
+    return BuiltModel(loss, ["x", "y"], make_batch, config, checkpoints)

@@ -31,7 +31,8 @@ def transformer(vocab_size: int = 512, seq_len: int = 32, hidden_size: int = 64,
     ``<name>.<i>.attn.qkv.w`` [hidden, 3 hidden] (column parallel, no bias; the columns of
     head h are its q, k and v, so a column slice holds whole heads at any degree),
     ``<name>.<i>.attn.out.w|b`` (row parallel), ``<name>.<i>.mlp.fc1|fc2.w|b``, then
-    ``<name>.ln_f.scale|bias`` and ``<name>.head.w`` [hidden, vocab] (column parallel)."""
+    ``<name>.ln_f.scale|bias`` and ``<name>.head.w`` [hidden, vocab] (column parallel).
+    Each layer's output (after its second residual add) is a recompute checkpoint."""
     ffn_size = 4 * hidden_size if ffn_size is None else ffn_size
     check_positive("transformer", vocab_size=vocab_size, seq_len=seq_len,
                    hidden_size=hidden_size, num_heads=num_heads, num_layers=num_layers,
@@ -52,9 +53,11 @@ def transformer(vocab_size: int = 512, seq_len: int = 32, hidden_size: int = 64,
                            attr=ParamAttr(f"{name}.embed.pos", initializer=init))
     h = nn.add(h, pos)
     mask = _causal_mask(seq_len, dtype)
+    checkpoints = []
     for i in range(num_layers):
         h = nn.add(h, _attention(_norm(h, f"{name}.{i}.ln1"), mask, cfg, f"{name}.{i}.attn"))
         h = nn.add(h, _mlp(_norm(h, f"{name}.{i}.ln2"), cfg, f"{name}.{i}.mlp"))
+        checkpoints.append(h.name)
     h = _norm(h, f"{name}.ln_f")
     logits = split(h, (hidden_size, vocab_size), "linear", axis=1, num_partitions=mp_degree,
                    gather_out=False, weight_attr=ParamAttr(f"{name}.head.w", initializer=init),
@@ -63,7 +66,8 @@ def transformer(vocab_size: int = 512, seq_len: int = 32, hidden_size: int = 64,
     rows = parallel_cross_entropy(logits, nn.reshape(labels, [-1, 1]),
                                   num_partitions=mp_degree)
     loss = nn.mean(rows)
-    return BuiltModel(loss, ["tokens", "labels"], _recurrence_batches(vocab_size, seq_len), cfg)
+    return BuiltModel(loss, ["tokens", "labels"], _recurrence_batches(vocab_size, seq_len), cfg,
+                      checkpoints)
 
 
 def _norm(x: Variable, name: str) -> Variable:
