@@ -17,20 +17,23 @@ $(STAMP): pyproject.toml setup.cfg
 venv: $(STAMP)
 
 # System packages the tests need, each installed only when missing: the OpenSSH server (the
-# SSH tests start their own sshd) and Debian's Chromium (the e2e tests drive /usr/bin/chromium
-# with Playwright; no browser download): about 20 s and 350 MB on a fresh machine.
+# SSH tests start their own sshd), Debian's python3-numpy (the namespace test hosts run the
+# runtime on /usr/bin/python3, not on .venv, so the numpy floor is tested for real) and
+# Debian's Chromium (the e2e tests drive /usr/bin/chromium with Playwright; no browser
+# download): about 20 s and 370 MB on a fresh machine.
 sysdeps:
-	@ssh=""; browser=""; \
+	@debs=""; browser=""; \
 	if [ ! -x /usr/sbin/sshd ] || ! command -v ssh-keygen >/dev/null; then \
-		ssh="openssh-server openssh-client"; \
+		debs="openssh-server openssh-client"; \
 	fi; \
+	if ! /usr/bin/python3 -c 'import numpy' 2>/dev/null; then debs="$$debs python3-numpy"; fi; \
 	if [ ! -x /usr/bin/chromium ]; then browser="chromium"; fi; \
-	if [ -n "$$ssh$$browser" ]; then \
-		echo "installing $$ssh $$browser"; \
+	if [ -n "$$debs$$browser" ]; then \
+		echo "installing $$debs $$browser"; \
 		apt-get update -qq || exit 1; \
 	fi; \
-	if [ -n "$$ssh" ]; then \
-		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$ssh >/dev/null || exit 1; \
+	if [ -n "$$debs" ]; then \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$debs >/dev/null || exit 1; \
 	fi; \
 	if [ -n "$$browser" ]; then \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
