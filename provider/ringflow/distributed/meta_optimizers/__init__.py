@@ -2,9 +2,16 @@
 compiler considers, in alphabetical order of their class names (Paddle takes them from
 ``dir()`` of its meta_optimizers package, so the order is alphabetical there too)."""
 
+from .amp import AMPOptimizer
 from .base import MetaOptimizerBase
+from .lamb import LambOptimizer
+from .lars import LarsOptimizer
+from .recompute import RecomputeOptimizer
 from .tensor_parallel import TensorParallelOptimizer
 
-META_OPTIMIZER_CLASSES = sorted([TensorParallelOptimizer], key=lambda c: c.__name__)
+META_OPTIMIZER_CLASSES = sorted(
+    [AMPOptimizer, LambOptimizer, LarsOptimizer, RecomputeOptimizer, TensorParallelOptimizer],
+    key=lambda c: c.__name__)
 
-__all__ = ["META_OPTIMIZER_CLASSES", "MetaOptimizerBase", "TensorParallelOptimizer"]
+__all__ = ["META_OPTIMIZER_CLASSES", "AMPOptimizer", "LambOptimizer", "LarsOptimizer",
+           "MetaOptimizerBase", "RecomputeOptimizer", "TensorParallelOptimizer"]

@@ -48,7 +48,8 @@ class TensorParallelOptimizer(MetaOptimizerBase):
         """The inner minimize, then the rewrite of reference 4.5: rings and parameter
         broadcasts in the startup program; with data parallelism (world > degree) the
         loss-gradient scale and the gradient all-reduces in the main program; with model
-        parallelism (degree > 1) the clip-norm all-reduce and whole-parameter trust ratios.
+        parallelism (degree > 1) the clip-norm all-reduce and whole-parameter trust ratios;
+        with mixed precision (AMP inside) the found-inf flag's max over the mp and dp rings.
         A bad degree fails before any program changes."""
         endpoints = list(self.role_maker._get_trainer_endpoints())
         rank = self.role_maker._worker_index()
@@ -67,6 +68,9 @@ class TensorParallelOptimizer(MetaOptimizerBase):
         if self.mp_degree > 1:
             passes.insert_clip_norm_allreduce(block, self.mp_ring_id)
             passes.mark_sharded_updates(block, self.mp_ring_id)
+        passes.insert_found_inf_allreduce(block, [
+            ring for ring, used in ((self.mp_ring_id, self.mp_degree > 1),
+                                    (self.dp_ring_id, groups.nranks > self.mp_degree)) if used])
         return result
 
     def _init_process_group(self, startup_block, groups: passes.ProcessGroups) -> None:

@@ -5,7 +5,8 @@ anchor op) and inserts next to that op, never by integer offsets kept while the 
 changes. Startup passes: ``init_communicator`` (a ring and Paddle's sync triple),
 ``broadcast_params``. Main-program passes: ``insert_loss_grad_scale``,
 ``insert_grad_allreduce``, and ringflow's additions for model parallelism:
-``insert_clip_norm_allreduce`` and ``mark_sharded_updates``.
+``insert_clip_norm_allreduce`` and ``mark_sharded_updates``, and for mixed precision:
+``insert_found_inf_allreduce``.
 """
 
 from __future__ import annotations
@@ -180,6 +181,38 @@ def insert_clip_norm_allreduce(block: Block, ring_id: int) -> list[Operator]:
             op, "c_allreduce_sum", inputs={"X": [partial]}, outputs={"Out": [partial]},
             attrs={"ring_id": ring_id, "use_calc_stream": True,
                    OP_ROLE_KEY: int(op.attr(OP_ROLE_KEY) or OpRole.Optimize)}))
+    return inserted
+
+
+def insert_found_inf_allreduce(block: Block, ring_ids: Sequence[int]) -> list[Operator]:
+    """Mixed precision: the FoundInfinite flag of each ``check_finite_and_unscale`` becomes
+    the max over ``ring_ids`` (cast to int32, ``c_allreduce_max`` per ring, cast back, as
+    Paddle's sharding does), so every rank skips the same steps and keeps one loss scale:
+    a sharded gradient overflows on one model-parallel rank only (ringflow's addition; Paddle's
+    tensor-parallel optimizer leaves the flag per rank)."""
+    inserted: list[Operator] = []
+    if not ring_ids:
+        return inserted
+    optimize = {OP_ROLE_KEY: int(OpRole.Optimize)}
+    for check in block.find_ops(type="check_finite_and_unscale"):
+        found = check.output("FoundInfinite")[0]
+        as_int = block.create_var(name=f"{found}@cast_int32", shape=[1], dtype="int32",
+                                  stop_gradient=True)
+        anchor = block.insert_op_after(check, "cast", inputs={"X": [found]},
+                                       outputs={"Out": [as_int]},
+                                       attrs={"in_dtype": "bool", "out_dtype": "int32",
+                                              **optimize})
+        inserted.append(anchor)
+        for ring_id in ring_ids:
+            anchor = block.insert_op_after(anchor, "c_allreduce_max", inputs={"X": [as_int]},
+                                           outputs={"Out": [as_int]},
+                                           attrs={"ring_id": ring_id, "use_calc_stream": True,
+                                                  **optimize})
+            inserted.append(anchor)
+        inserted.append(block.insert_op_after(anchor, "cast", inputs={"X": [as_int]},
+                                              outputs={"Out": [found]},
+                                              attrs={"in_dtype": "int32", "out_dtype": "bool",
+                                                     **optimize}))
     return inserted
 
 

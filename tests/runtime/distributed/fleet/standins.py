@@ -1,7 +1,8 @@
-"""Stand-in meta-optimizers for the compiler and fleet tests. ringflow has only the
-TensorParallelOptimizer; these carry the class names (the strategy compiler chains by class
-name) and the white lists of Paddle's AMP, Recompute, Lars and Lamb optimizers, apply when
-their strategy feature is on, and append nothing of their own to a program."""
+"""Stand-in meta-optimizers for the compiler and fleet tests. They carry the class names
+(the strategy compiler chains by class name) and the white lists of Paddle's AMP,
+Recompute, Lars and Lamb optimizers, apply when their strategy feature is on, and append
+nothing of their own to a program, so these tests state the chaining rules alone; the real
+classes (ringflow.distributed.meta_optimizers) are tested in test_meta_optimizers.py."""
 
 from __future__ import annotations
 
