@@ -1,12 +1,15 @@
 """The parallel == serial matrix, shared by the tensor-parallel workers (which train every
 case) and the tests (which train the serial reference and compare): models, optimizers,
-dtypes, the seed, the steps and the global batch."""
+dtypes, the seed, the steps and the global batch. ``META_CASES`` add a meta-optimizer of
+TensorParallelOptimizer's white list (Lamb or LARS by strategy, Recompute, AMP), trained by
+the ``META_CONFIGS`` jobs and compared with one process running the same meta-optimizer."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import ringflow as rf
+from ringflow.distributed import fleet
 from ringflow.models import mlp, transformer
 
 SEED = 7
@@ -17,6 +20,11 @@ GLOBAL_BATCH = 8
 # the dp rings across hosts over TCP, as a real multi-host job lays them out.
 CONFIGS = [(2, 2, 1), (2, 1, 1), (4, 2, 2), (4, 4, 1), (8, 4, 1)]
 TOLERANCE = {"float64": dict(rtol=1e-10, atol=1e-12), "float32": dict(rtol=1e-5, atol=1e-6)}
+# (world size, degree, hosts) that also train META_CASES
+META_CONFIGS = [(2, 2, 1), (2, 1, 1)]
+# float16 compute: a sharded or data-parallel sum is rounded to float16 at other points than
+# the serial one (each rank's partial GEMM, each rank's gradient before the all-reduce)
+AMP_TOLERANCE = {"loss": dict(rtol=1e-3, atol=1e-6), "params": dict(rtol=1e-3, atol=5e-4)}
 
 
 @dataclass(frozen=True)
@@ -24,10 +32,32 @@ class Case:
     model: str
     optimizer: str
     dtype: str
+    meta: str = ""      # "", "lamb", "lars", "recompute" or "amp": a strategy feature
 
     @property
     def key(self) -> str:
-        return f"{self.model}-{self.optimizer}-{self.dtype}"
+        return "-".join(p for p in (self.model, self.meta, self.optimizer, self.dtype) if p)
+
+    def tolerance(self, what: str) -> dict:
+        """How close to one process: ``what`` is "loss" or "params"."""
+        return AMP_TOLERANCE[what] if self.meta == "amp" else TOLERANCE[self.dtype]
+
+    def strategy(self, model: rf.models.BuiltModel, mp_degree: int | None):
+        """The fleet strategy: this case's feature, with tensor parallelism of ``mp_degree``
+        (None: none, one process running the meta-optimizer alone)."""
+        strategy = fleet.DistributedStrategy()
+        if mp_degree is not None:
+            strategy.tensor_parallel = True
+            strategy.tensor_parallel_configs = {"tensor_parallel_degree": mp_degree}
+        if self.meta:
+            setattr(strategy, self.meta, True)
+        if self.meta == "recompute":
+            strategy.recompute_configs = {"checkpoints": model.checkpoints}
+        elif self.meta == "lars":
+            strategy.lars_configs = {"lars_weight_decay": 0.001}
+        elif self.meta == "amp":
+            strategy.amp_configs = {"init_loss_scaling": 1024.0}
+        return strategy
 
     def build(self, mp_degree: int) -> rf.models.BuiltModel:
         """The model, built into the default programs (inside ``program_guard``)."""
@@ -49,6 +79,8 @@ class Case:
             "adam-clip": lambda: rf.optimizer.Adam(0.01, epsilon=1e-6, grad_clip=clip),
             "lamb": lambda: rf.optimizer.Lamb(0.01),
             "lars": lambda: rf.optimizer.Lars(0.1, momentum=0.9, lars_weight_decay=0.001),
+            "adam": lambda: rf.optimizer.Adam(0.01, epsilon=1e-6),
+            "momentum": lambda: rf.optimizer.Momentum(0.1, momentum=0.9),
         }[self.optimizer]()
 
 
@@ -58,15 +90,25 @@ CASES = [Case(model, opt, dtype)
          for opt in opts for dtype in ("float64", "float32")]
 
 
+# Lamb and LARS by strategy turn the user's Adam / Momentum into them; Recompute wraps Adam;
+# AMP wraps SGD: Adam would turn the float16 rounding differences of a gradient element near
+# zero into update differences of the order of the learning rate.
+META_CASES = [Case("mlp", "adam", "float64", "lamb"), Case("mlp", "momentum", "float64", "lars"),
+              Case("mlp", "adam", "float64", "recompute"),
+              Case("transformer", "adam", "float64", "recompute"),
+              Case("mlp", "sgd", "float32", "amp"), Case("transformer", "sgd", "float32", "amp")]
+
+
 def build_programs(case: Case, mp_degree: int, distributed_optimizer=None):
-    """(main, startup, model); ``distributed_optimizer(opt)`` wraps the optimizer (fleet)."""
+    """(main, startup, model); ``distributed_optimizer(opt, model)`` wraps the optimizer
+    (fleet)."""
     main, startup = rf.Program(), rf.Program()
     startup.random_seed = SEED
     with rf.program_guard(main, startup):
         model = case.build(mp_degree)
         opt = case.make_optimizer()
         if distributed_optimizer is not None:
-            opt = distributed_optimizer(opt)
+            opt = distributed_optimizer(opt, model)
         opt.minimize(model.loss)
     return main, startup, model
 

@@ -1,6 +1,7 @@
-"""Worker: train every case of tp_cases with tensor_parallel_degree argv[1] and write, per
-case, the per-step losses (of the global batch: averaged over the data-parallel ring) and
-each parameter after startup and after the last step to rank<N>.npz (keys ``<case>|loss``,
+"""Worker: train every case of tp_cases (and its META_CASES, in a job of META_CONFIGS)
+with tensor_parallel_degree argv[1] and write, per case, the per-step losses (of the global
+batch: averaged over the data-parallel ring) and each parameter after startup and after
+the last step to rank<N>.npz (keys ``<case>|loss``,
 ``<case>|init|<param>``, ``<case>|final|<param>``, and ``<case>|axis|<param>``: the axis a
 sharded parameter is cut along, -1 if whole)."""
 
@@ -15,6 +16,8 @@ import numpy as np
 from tests.runtime.distributed.tp_cases import (
     CASES,
     GLOBAL_BATCH,
+    META_CASES,
+    META_CONFIGS,
     SEED,
     STEPS,
     build_programs,
@@ -26,11 +29,8 @@ from ringflow.distributed import fleet, get_ring
 
 
 def train(case, mp: int, out: dict) -> None:
-    strategy = fleet.DistributedStrategy()
-    strategy.tensor_parallel = True
-    strategy.tensor_parallel_configs = {"tensor_parallel_degree": mp}
     main, startup, model = build_programs(
-        case, mp, lambda opt: fleet.distributed_optimizer(opt, strategy))
+        case, mp, lambda opt, model: fleet.distributed_optimizer(opt, case.strategy(model, mp)))
     rf.verify(main)
     rf.verify(startup)
     scope, exe = rf.Scope(), rf.Executor()
@@ -60,7 +60,8 @@ def main() -> None:
     mp = int(sys.argv[1])
     fleet.init(is_collective=True)
     out: dict = {}
-    for case in CASES:
+    meta = (fleet.worker_num(), mp, 1) in META_CONFIGS
+    for case in CASES + (META_CASES if meta else []):
         train(case, mp, out)
     np.savez(f"rank{fleet.worker_index()}.npz", **out)
 
