@@ -45,6 +45,11 @@ FIELD_DOCS: dict[str, str] = {
     "checkpoint_dir": "directory of the checkpoints (null: none are written)",
     "checkpoint_every": "write a checkpoint every this many steps (and at the last step)",
     "resume": "resume from the newest complete checkpoint in checkpoint_dir if there is one",
+    "amp": "automatic mixed precision: float16 matmuls with float32 master weights and "
+           "dynamic loss scaling (fleet's AMPOptimizer); float32 models only",
+    "recompute": "recompute activations in the backward pass instead of keeping them: true "
+                 "for the model's natural checkpoints (each block's output), or a list of "
+                 "checkpoint variable names (fleet's RecomputeOptimizer)",
 }
 #: the smallest value each integer field takes (JSON-schema ``minimum``)
 FIELD_MINIMUMS: dict[str, int] = {"steps": 1, "global_batch_size": 1, "seed": 0,
@@ -77,6 +82,8 @@ class JobSpec:
     checkpoint_dir: str | None = None
     checkpoint_every: int = 100
     resume: bool = True
+    amp: bool = False
+    recompute: bool | list[str] = False
 
     def __post_init__(self) -> None:
         for name, minimum in FIELD_MINIMUMS.items():
@@ -88,8 +95,13 @@ class JobSpec:
                               f"got {self.data!r}")
         if self.dtype not in DTYPES:
             raise ConfigError(f"dtype must be float32 or float64, got {self.dtype!r}")
-        if not isinstance(self.resume, bool):
-            raise ConfigError(f"resume must be true or false, got {self.resume!r}")
+        for name in ("resume", "amp"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        if self.amp and self.dtype != "float32":
+            raise ConfigError(f"amp trains float32 models (float16 compute, float32 master "
+                              f"weights); dtype is {self.dtype}")
+        object.__setattr__(self, "recompute", _check_recompute(self.recompute))
         if self.checkpoint_dir is not None:
             _check_str("checkpoint_dir", self.checkpoint_dir)
         if self.grad_clip is not None:
@@ -167,6 +179,17 @@ class JobSpec:
         """A new ringflow optimizer with this spec's schedule and clip."""
         return optim.build_optimizer(self.optimizer, self.lr_schedule, self.grad_clip,
                                      self.steps)
+
+
+def _check_recompute(value: Any) -> bool | list[str]:
+    """true, false, or a non-empty list of checkpoint variable names (a list copy)."""
+    if isinstance(value, bool):
+        return value
+    if (isinstance(value, (list, tuple)) and value
+            and all(isinstance(n, str) and n.strip() for n in value)):
+        return list(value)
+    raise ConfigError(f"recompute must be true, false or a non-empty list of checkpoint "
+                      f"variable names, got {value!r}")
 
 
 def _check_int(name: str, value: Any, minimum: int) -> None:

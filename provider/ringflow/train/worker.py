@@ -72,13 +72,33 @@ def read_layout(spec: JobSpec) -> Layout:
     return Layout(rank, world, spec.tensor_parallel_degree, local_size)
 
 
-def _strategy(spec: JobSpec):
+def _strategy(spec: JobSpec, checkpoints: list[str] | None = None):
+    """Fleet's strategy for the spec: tensor parallelism (with degree 1: plain data
+    parallelism), AMP, and Recompute once the model's ``checkpoints`` are known."""
     from ..distributed.strategy import DistributedStrategy
 
     strategy = DistributedStrategy()
-    strategy.tensor_parallel = True  # with degree 1: plain data parallelism
+    strategy.tensor_parallel = True
     strategy.tensor_parallel_configs = {"tensor_parallel_degree": spec.tensor_parallel_degree}
+    strategy.amp = spec.amp
+    if spec.recompute and checkpoints is not None:
+        strategy.recompute = True
+        strategy.recompute_configs = {"checkpoints": list(checkpoints)}
     return strategy
+
+
+def recompute_checkpoints(spec: JobSpec, model) -> list[str] | None:
+    """The checkpoints of ``spec.recompute``: its list, or (true) the model's own; None
+    without recompute. A model that names none is a ConfigError."""
+    if not spec.recompute:
+        return None
+    if spec.recompute is not True:
+        return list(spec.recompute)
+    names = list(getattr(model, "checkpoints", None) or [])
+    if not names:
+        raise ConfigError(f"recompute is true but model {spec.model} names no checkpoints "
+                          f"(BuiltModel.checkpoints): give recompute a list of variable names")
+    return names
 
 
 def build_model(spec: JobSpec):
@@ -121,6 +141,10 @@ def build_job(spec: JobSpec, layout: Layout) -> Job:
     with program_guard(main, startup):
         model = build_model(spec)
         optimizer = spec.build_optimizer()
+        checkpoints = recompute_checkpoints(spec, model)
+        if checkpoints is not None:
+            # the checkpoints are named by the model just built: the strategy is complete now
+            fleet.init(is_collective=True, strategy=_strategy(spec, checkpoints))
         fleet.distributed_optimizer(optimizer).minimize(model.loss)
     if spec.data == "synthetic":
         data: SyntheticData | NpzData = SyntheticData(model.make_batch, spec.seed,
@@ -170,7 +194,8 @@ def _describe(report: Reporter, spec: JobSpec, layout: Layout) -> None:
     report.say(f"job: model {spec.model}, {layout.world_size} rank(s) = tensor parallel "
                f"{layout.mp_degree} x data parallel {dp} on {layout.nnodes} host(s), global "
                f"batch {spec.global_batch_size}, {spec.steps} steps, data {spec.data}, "
-               f"optimizer {spec.optimizer['type']}, {spec.dtype}, seed {spec.seed}")
+               f"optimizer {spec.optimizer['type']}, {spec.dtype}, seed {spec.seed}"
+               + (", amp" if spec.amp else "") + (", recompute" if spec.recompute else ""))
 
 
 class Trainer:

@@ -17,11 +17,18 @@ DEFAULTS = {
     "optimizer": {"type": "adam", "learning_rate": 1e-3}, "lr_schedule": None,
     "grad_clip": None, "steps": 200, "global_batch_size": 32, "seed": 0,
     "tensor_parallel_degree": 1, "dtype": "float32", "log_every": 10,
-    "checkpoint_dir": None, "checkpoint_every": 100, "resume": True,
+    "checkpoint_dir": None, "checkpoint_every": 100, "resume": True, "amp": False,
+    "recompute": False,
 }
 
 # (fields given, the message the ConfigError must contain)
 INVALID = [
+    ({"amp": "yes"}, "amp must be true or false, got 'yes'"),
+    ({"amp": True, "dtype": "float64"}, "amp trains float32 models"),
+    ({"recompute": "all"}, "recompute must be true, false or a non-empty list of checkpoint "
+                           "variable names, got 'all'"),
+    ({"recompute": []}, "recompute must be true, false or a non-empty list"),
+    ({"recompute": ["h", 3]}, "recompute must be true, false or a non-empty list"),
     ({"steps": 0}, "steps must be an integer >= 1, got 0"),
     ({"steps": 2.5}, "steps must be an integer >= 1, got 2.5"),
     ({"steps": True}, "steps must be an integer >= 1, got True"),
@@ -90,6 +97,13 @@ def test_an_invalid_field_is_a_config_error_naming_field_and_value(fields, messa
     with pytest.raises(ConfigError) as err:
         JobSpec.from_dict(fields)
     assert message in str(err.value)
+
+
+@pytest.mark.parametrize("recompute", [True, False, ["mlp.h0", "mlp.h1"]])
+def test_recompute_is_a_flag_or_checkpoint_names_and_round_trips(recompute):
+    spec = JobSpec.from_dict({"recompute": recompute, "amp": True})
+    assert spec.recompute == recompute and spec.amp is True
+    assert JobSpec.from_dict(spec.to_dict()) == spec
 
 
 def test_the_defaults_are_the_issues():

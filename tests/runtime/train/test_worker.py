@@ -159,7 +159,32 @@ def test_a_model_builder_named_by_module_and_function(train_here, tmp_path):
     assert custom.code == 0 and custom.losses == builtin.losses
 
 
+def test_recompute_true_trains_bitwise_like_the_plain_job(train_here):
+    plain = train_here({**BASE, "steps": 4, "log_every": 1})
+    recomputed = train_here({**BASE, "steps": 4, "log_every": 1, "recompute": True,
+                             "model_args": {**MLP_ARGS, "num_layers": 3}})
+    deeper = train_here({**BASE, "steps": 4, "log_every": 1,
+                         "model_args": {**MLP_ARGS, "num_layers": 3}})
+    assert recomputed.code == 0, recomputed.stderr
+    assert recomputed.losses == deeper.losses and deeper.losses != plain.losses
+    assert "recompute" in recomputed.stdout.splitlines()[0]
+
+
+def test_amp_trains_within_float16_rounding_of_float32(train_here):
+    spec = {**BASE, "dtype": "float32", "steps": 5, "log_every": 1}
+    full, mixed = train_here(spec), train_here({**spec, "amp": True})
+    assert mixed.code == 0, mixed.stderr
+    assert ", amp" in mixed.stdout.splitlines()[0]
+    steps = sorted(full.losses)
+    np.testing.assert_allclose([mixed.losses[s] for s in steps],
+                               [full.losses[s] for s in steps], rtol=5e-3)
+    assert [mixed.losses[s] for s in steps] != [full.losses[s] for s in steps]
+
+
 @pytest.mark.parametrize("spec, message", [
+    ({"recompute": ["no_such_var"]}, "recompute: checkpoint 'no_such_var' is not a variable"),
+    ({"model": "mlp", "recompute": True, "model_args": {"num_layers": 1}},
+     "recompute is true but model mlp names no checkpoints"),
     ({"steps": 0}, "steps must be an integer >= 1, got 0"),
     ({"model": "no_such_pkg.mod:build"}, "model no_such_pkg.mod:build: cannot import "
                                          "no_such_pkg.mod"),
