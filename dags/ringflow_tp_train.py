@@ -43,6 +43,13 @@ PARAMS = {
                             description="Optimizer"),
     "seed": Param(0, type="integer", minimum=0, section=JOB,
                   description="Seeds the parameters, the data and dropout"),
+    "amp": Param(False, type="boolean", section=JOB,
+                 description="Automatic mixed precision: float16 matmuls with float32 master "
+                             "weights and dynamic loss scaling (slower on a CPU without "
+                             "float16 GEMMs; halves the gradient all-reduce)"),
+    "recompute": Param(False, type="boolean", section=JOB,
+                       description="Recompute each block's activations in the backward pass "
+                                   "instead of keeping them: less memory, more compute"),
     "tensor_parallel_degree": Param(2, type="integer", minimum=1, maximum=64, section=LAYOUT,
                                     description="Ranks that split every layer; divides "
                                                 "nproc_per_host"),
@@ -71,6 +78,8 @@ with DAG(
         optimizer='{"type": "{{ params.optimizer_type }}", '
                   '"learning_rate": {{ params.learning_rate }}}',
         seed="{{ params.seed }}",
+        amp="{{ params.amp }}",
+        recompute="{{ params.recompute }}",
         tensor_parallel_degree="{{ params.tensor_parallel_degree }}",
         nproc_per_host="{{ params.nproc_per_host }}",
         log_every="{{ params.log_every }}",

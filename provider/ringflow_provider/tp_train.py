@@ -22,6 +22,7 @@ from ringflow_provider.models import json_text, none_text
 
 SPEC_FIELDS = tuple(f.name for f in dataclasses.fields(JobSpec))
 _DICT_FIELDS = {"model_args", "optimizer", "lr_schedule"}
+_LIST_FIELDS = {"recompute"}    # true/false, or a list that may arrive as JSON text
 _OPTIONAL = {"lr_schedule", "grad_clip", "checkpoint_dir"}
 
 
@@ -30,7 +31,7 @@ def _field(f: dataclasses.Field) -> tuple[Any, Any]:
     before = []
     if f.name in _OPTIONAL:
         before.append(BeforeValidator(none_text))
-    if f.name in _DICT_FIELDS:
+    if f.name in _DICT_FIELDS | _LIST_FIELDS:
         before.append(BeforeValidator(lambda v, name=f.name: json_text(v, name)))
     extra = {"ge": FIELD_MINIMUMS[f.name]} if f.name in FIELD_MINIMUMS else {}
     annotated = Annotated[(f.type, *before)] if before else f.type

@@ -97,7 +97,7 @@ def test_the_example_dag_has_typed_params_in_sections_and_declares_its_asset():
     assert task.outlets == [Asset("ringflow://ringflow_tp_train/train")]
     assert set(dag.params.keys()) == {
         "model", "steps", "global_batch_size", "tensor_parallel_degree", "nproc_per_host",
-        "learning_rate", "optimizer_type", "seed", "log_every"}
+        "learning_rate", "optimizer_type", "seed", "log_every", "amp", "recompute"}
     for name in dag.params:
         schema = dag.params.get_param(name).schema
         assert schema.get("type") and schema.get("section"), name
@@ -107,6 +107,8 @@ def test_the_example_dag_has_typed_params_in_sections_and_declares_its_asset():
         assert dag.params.get_param(name).schema["minimum"] == 1, name
     assert (dag.params["tensor_parallel_degree"], dag.params["nproc_per_host"],
             dag.params["model"]) == (2, 2, "transformer")
+    assert (dag.params["amp"], dag.params["recompute"]) == (False, False)
+    assert task.amp == "{{ params.amp }}" and task.recompute == "{{ params.recompute }}"
     downstream = bag.dags["ringflow_tp_train_evaluate"]
     assert list(downstream.timetable.asset_condition.objects) == task.outlets
 

@@ -8,6 +8,8 @@ none is left, and that no shared-memory segment is.
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import re
 import signal
@@ -108,6 +110,16 @@ def test_a_job_returns_its_summary_logs_progress_and_writes_checkpoints(make, tm
     assert "loss by step:" in text
     assert (tmp_path / "logs" / "workerlog.1").exists()
     assert shm_left() == []
+
+
+def test_amp_and_recompute_reach_the_job(make, tmp_path):
+    op = make(amp="True", recompute="True", steps=4, model_args={
+        "input_size": 8, "hidden_size": 16, "num_classes": 4, "num_layers": 2})
+    summary = op.execute(ctx())
+    spec = json.loads((tmp_path / "logs" / "spec.json").read_text())
+    assert (spec["amp"], spec["recompute"]) == (True, True)
+    assert "amp, recompute" in log_text(op)          # the ranks' job line
+    assert summary["steps"] == 4 and math.isfinite(summary["final_loss"])
 
 
 def test_the_loss_plot_is_a_png_next_to_the_logs(make, tmp_path):

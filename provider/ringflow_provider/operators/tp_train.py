@@ -95,6 +95,11 @@ class TPTrainOperator(BaseOperator):
     :param checkpoint_every: a checkpoint every this many steps and at the last, default 100
         (templated)
     :param resume: resume from the newest complete checkpoint, default True (templated)
+    :param amp: automatic mixed precision (float16 matmuls, float32 master weights, dynamic
+        loss scaling), default False (templated)
+    :param recompute: recompute activations in the backward pass: True for the model's
+        natural checkpoints (each block's output), or a list of checkpoint variable names;
+        default False (templated)
 
     How it runs:
 
@@ -122,7 +127,8 @@ class TPTrainOperator(BaseOperator):
                  seed: int | str = 0, tensor_parallel_degree: int | str = 1,
                  dtype: str = "float32", log_every: int | str = 10,
                  checkpoint_dir: str | None = _DEFAULT, checkpoint_every: int | str = 100,
-                 resume: bool | str = True, nproc_per_host: int | str = 2,
+                 resume: bool | str = True, amp: bool | str = False,
+                 recompute: bool | list[str] | str = False, nproc_per_host: int | str = 2,
                  log_dir: str | None = None, extra_env: dict | str | None = None,
                  secret_env: dict | str | None = None, **kwargs: Any) -> None:
         kwargs.setdefault("retries", 1)
@@ -136,6 +142,7 @@ class TPTrainOperator(BaseOperator):
             tensor_parallel_degree, dtype, log_every)
         self.checkpoint_dir, self.checkpoint_every, self.resume = (
             checkpoint_dir, checkpoint_every, resume)
+        self.amp, self.recompute = amp, recompute
         self.nproc_per_host, self.log_dir = nproc_per_host, log_dir
         self.extra_env, self.secret_env = extra_env or {}, secret_env or {}
         self._declare_asset()
