@@ -18,10 +18,13 @@ from ringflow.distributed.collective.reduce_op import ReduceOp, ufunc_for
 from ringflow.distributed.collective.transport import shm
 from ringflow.distributed.collective.transport.base import (
     Deadline,
+    Link,
     OpContext,
+    byte_view,
     note_local_ranks,
 )
-from ringflow.distributed.collective.transport.tcp import TcpLink, byte_view
+from ringflow.distributed.collective.transport.hops import HopLink
+from ringflow.distributed.collective.transport.tcp import TcpLink
 from ringflow.distributed.env import CommSettings, Endpoint, parse_endpoint
 from ringflow.errors import CommError, ExecutionError
 
@@ -61,7 +64,7 @@ class Communicator:
         self.ctx = OpContext(rank, ring_id, "init", host=str(eps[rank]))
         self._job_id = job_id
         self._key = rendezvous.JobKey(job_id, token)
-        self._link: TcpLink | None = None
+        self._link: Link | None = None
         self._local: IntraHost | None = None
         self._segments: list[shm.Segment] = []
         self._goodbye_words: list[tuple[memoryview, int]] = []  # set on an orderly close
@@ -107,22 +110,25 @@ class Communicator:
             self._tcp_barrier()  # every channel is mapped by both ends
         finally:
             shm.unlink(name[self.pos])
-        link = self._link
+        tcp = self._link
+        assert isinstance(tcp, TcpLink)  # made by _connect just before
+        send = recv = None
         if peer_seg is not None:
             self._goodbye_words.append((peer_seg.words, shm.Channel.SENDER_LEFT))
             watch = shm.PeerWatch({right: rpid}, self.ctx, self.settings.heartbeat_timeout,
                                   {right: (peer_seg.words, shm.Channel.RECEIVER_LEFT)})
-            link.send_channel = shm.Channel(peer_seg, right, self.ctx,
-                                            lambda: (link.check(), watch.check()))
+            send = shm.Channel(peer_seg, right, self.ctx, lambda: (tcp.check(), watch.check()))
             self._segments.append(peer_seg)
         if own is not None:
             self._goodbye_words.append((own.words, shm.Channel.RECEIVER_LEFT))
             watch_l = shm.PeerWatch({left: lpid}, self.ctx, self.settings.heartbeat_timeout,
                                     {left: (own.words, shm.Channel.SENDER_LEFT)})
-            link.recv_channel = shm.Channel(own, left, self.ctx,
-                                            lambda: (link.check(), watch_l.check()))
+            recv = shm.Channel(own, left, self.ctx, lambda: (tcp.check(), watch_l.check()))
             self._segments.append(own)
         if to_right or from_left:
+            # the hops to this host's neighbours go through shared memory; the TcpLink's
+            # sockets then carry only the heartbeats
+            self._link = HopLink(tcp, send, recv)
             self.transport = "tcp+shm"
 
     def _shm_tag(self) -> str:

@@ -17,8 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ringflow.distributed.collective.transport.base import Deadline
-from ringflow.distributed.collective.transport.tcp import TcpLink, byte_view
+from ringflow.distributed.collective.transport.base import Deadline, Link, byte_view
 
 
 def split(count: int, parts: int) -> list[tuple[int, int]]:
@@ -70,7 +69,7 @@ def all_gather_steps(pos: int, n: int, owned_shift: int = 1) -> list[tuple[int, 
 Ufunc = Callable[..., np.ndarray]
 
 
-def ring_all_reduce(buf: np.ndarray, ufunc: Ufunc, link: TcpLink, pos: int, n: int,
+def ring_all_reduce(buf: np.ndarray, ufunc: Ufunc, link: Link, pos: int, n: int,
                     plan: RingPlan, deadline: Deadline) -> None:
     """In-place all-reduce of the 1-D contiguous `buf` around the ring: per step, send one
     segment and receive one, so the next segment arrives while this one is reduced."""
@@ -83,7 +82,7 @@ def ring_all_reduce(buf: np.ndarray, ufunc: Ufunc, link: TcpLink, pos: int, n: i
             link.recv_into(byte_view(buf[r0:r1]), deadline)
 
 
-def ring_all_reduce_small(buf: np.ndarray, ufunc: Ufunc, link: TcpLink, pos: int, n: int,
+def ring_all_reduce_small(buf: np.ndarray, ufunc: Ufunc, link: Link, pos: int, n: int,
                           deadline: Deadline) -> None:
     """Latency-bound sizes: circulate whole buffers (n-1 hops instead of 2(n-1)), then every
     rank reduces all of them in position order, so all ranks compute identical bytes."""
@@ -97,7 +96,7 @@ def ring_all_reduce_small(buf: np.ndarray, ufunc: Ufunc, link: TcpLink, pos: int
         ufunc(buf, rows[p], out=buf)
 
 
-def ring_reduce_scatter(buf: np.ndarray, ufunc: Ufunc, link: TcpLink, pos: int, n: int,
+def ring_reduce_scatter(buf: np.ndarray, ufunc: Ufunc, link: Link, pos: int, n: int,
                         plan: RingPlan, deadline: Deadline) -> None:
     """Afterwards chunk (pos + 1) % n of `buf` holds the reduction over all positions."""
     scratch = np.empty(plan.segment_elems, dtype=buf.dtype)
@@ -112,7 +111,7 @@ def ring_reduce_scatter(buf: np.ndarray, ufunc: Ufunc, link: TcpLink, pos: int, 
             ufunc(tmp, buf[r0:r1], out=buf[r0:r1])
 
 
-def ring_all_gather(rows: np.ndarray, link: TcpLink, pos: int, n: int,
+def ring_all_gather(rows: np.ndarray, link: Link, pos: int, n: int,
                     max_segment_bytes: int, deadline: Deadline) -> None:
     """rows[p] holds position p's contribution; circulate until every position has all."""
     plan = ring_plan(rows.size, n, rows.itemsize, max_segment_bytes)
@@ -124,7 +123,7 @@ def ring_all_gather(rows: np.ndarray, link: TcpLink, pos: int, n: int,
             link.recv_into(byte_view(flat[recv_c * per + a:recv_c * per + b]), deadline)
 
 
-def ring_broadcast(buf: np.ndarray, link: TcpLink, pos: int, root_pos: int, n: int,
+def ring_broadcast(buf: np.ndarray, link: Link, pos: int, root_pos: int, n: int,
                    max_segment_bytes: int, deadline: Deadline) -> None:
     """Pipelined chain root -> root+1 -> ... -> root-1, one segment at a time."""
     dist = (pos - root_pos) % n

@@ -1,5 +1,6 @@
-"""What every transport shares: the op context that errors name, deadlines, and the
-spin-then-back-off wait that lets 4 ranks progress on 2 cores.
+"""What every transport shares: the ``Link`` interface the ring algorithm is written
+against, the op context that errors name, deadlines, and the spin-then-back-off wait that
+lets 4 ranks progress on 2 cores.
 """
 
 from __future__ import annotations
@@ -8,6 +9,9 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
 
 from ringflow.errors import CommError, CommTimeoutError
 
@@ -35,6 +39,26 @@ class OpContext:
         peer_txt = f" with peer rank {peer}" if peer is not None else ""
         cls = CommTimeoutError if timeout else CommError
         return cls(f"{who}: {self.op} on ring {self.ring_id} failed{peer_txt}: {cause}")
+
+
+def byte_view(arr: np.ndarray) -> memoryview:
+    """A contiguous array's bytes, as links send and receive them."""
+    return memoryview(arr).cast("B") if arr.size else memoryview(b"")
+
+
+class Link(Protocol):
+    """One rank's place in a ring: it sends to its right neighbour and receives from its
+    left one, each call bounded by a deadline (ring.py's algorithms use nothing else).
+    ``check`` raises the CommError a watchdog saw; ``close`` ends the link, in order
+    (``goodbye``) after the last op or abruptly after a failure."""
+
+    def send(self, data: memoryview, deadline: Deadline) -> None: ...
+
+    def recv_into(self, view: memoryview, deadline: Deadline) -> None: ...
+
+    def check(self) -> None: ...
+
+    def close(self, goodbye: bool = True) -> None: ...
 
 
 class Deadline:

@@ -26,18 +26,12 @@ import termios
 import threading
 import time
 
-import numpy as np
-
 from ringflow.distributed.collective.transport.base import Deadline, OpContext
 
 HEARTBEAT, GOODBYE = b"h", b"G"
 # how long an orderly close waits for the right neighbour's kernel to acknowledge our last data
 # (closing earlier risks a reset that discards it); a live peer's kernel acks in microseconds
 _LINGER = 2.0
-
-
-def byte_view(arr: np.ndarray) -> memoryview:
-    return memoryview(arr).cast("B") if arr.size else memoryview(b"")
 
 
 class TcpLink:
@@ -52,10 +46,6 @@ class TcpLink:
         self._failed_peer: int | None = None
         self._timed_out = False
         self._deadline: Deadline | None = None  # of the send/recv in progress, if any
-        # a hop to a rank of this host goes through shared memory (transport.shm.Channel);
-        # the socket then only carries heartbeats
-        self.send_channel = None
-        self.recv_channel = None
         self._stop = threading.Event()
         self._wake_r, self._wake_w = socket.socketpair()  # close() wakes the watchdog's select
         self.right_left_in_order = False  # the right neighbour said GOODBYE
@@ -140,9 +130,6 @@ class TcpLink:
 
     # -- data path (caller's thread) ---------------------------------------------------------
     def send(self, data: memoryview, deadline: Deadline) -> None:
-        if self.send_channel is not None:
-            self.send_channel.send(data, deadline)
-            return
         self._deadline = deadline
         try:
             if self.right_left_in_order or self._goodbye_waiting():
@@ -181,9 +168,6 @@ class TcpLink:
 
     def recv_into(self, view: memoryview, deadline: Deadline) -> None:
         """Fill `view` from the left neighbour."""
-        if self.recv_channel is not None:
-            self.recv_channel.recv_into(view, deadline)
-            return
         self._deadline = deadline
         got, total = 0, len(view)
         try:
