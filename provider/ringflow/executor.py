@@ -276,7 +276,8 @@ class Executor:
         plans = self._plans.setdefault(program, {})
         key = (program._version, strategy, frozenset(fetch))
         if key not in plans:
-            plans.clear()  # an older version's plans are dead
+            for old in [k for k in plans if k[0] != program._version]:
+                del plans[old]  # an older version's plans are dead
             plans[key] = prepare(program, strategy, keep=fetch)
         return plans[key]
 
