@@ -15,6 +15,7 @@ import pytest
 
 from tests import airflow_env
 from tests.airflow_services import STOP_TIMEOUT_S, AirflowServices
+from tests.hosts import HostSetupError, NsHosts
 
 
 @pytest.fixture(autouse=True)
@@ -60,6 +61,38 @@ def airflow_services(airflow_home, tmp_path_factory):
         leftovers = services.stop()
     assert not leftovers, (f"Airflow service processes still alive after SIGTERM and "
                            f"{STOP_TIMEOUT_S:.0f} s (killed): {leftovers}")
+
+
+@pytest.fixture(scope="session")
+def ns_hosts() -> NsHosts:
+    """Three hosts that are real hosts (tests/hosts.py), made once per run (well under a
+    second) and removed after it, also when a test fails or the run is interrupted: each
+    with its own network, PID, mount, IPC and UTS namespaces, address on one bridge, /tmp,
+    /dev/shm, home and OpenSSH server; `/usr` (Debian's python3 + python3-numpy) shared.
+    Each `NsHost` gives `.address`, `.connection_json()` (an `ssh` connection with its host
+    key pinned), `.run(argv)` inside its namespaces, `.leftovers()`, `.shm_entries()` and
+    `.vanish()`. Fails (never skips) where namespaces cannot be made."""
+    hosts = NsHosts(3)
+    try:
+        hosts.start()
+    except HostSetupError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    try:
+        yield hosts
+    finally:
+        hosts.close()
+
+
+NS_CONN_PREFIX = "ringflow_ns"
+
+
+@pytest.fixture
+def ns_conns(ns_hosts, monkeypatch) -> list[str]:
+    """Airflow connection ids `ringflow_ns_<i>`, one per `ns_hosts` host (its key pinned),
+    set as AIRFLOW_CONN_<ID> for this test."""
+    for conn_id, conn in ns_hosts.connections(NS_CONN_PREFIX).items():
+        monkeypatch.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", conn)
+    return [f"{NS_CONN_PREFIX}_{i}" for i in range(len(ns_hosts))]
 
 
 def pytest_collection_modifyitems(items):

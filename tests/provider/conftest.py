@@ -1,4 +1,6 @@
-"""Provider fixtures: a real OpenSSH server on 127.0.0.1 and the Airflow connections to it.
+"""Provider fixtures: a real OpenSSH server on 127.0.0.1 and the Airflow connections to it;
+a namespace host of its own that a test may make vanish (the suite-wide three are
+`ns_hosts`, tests/conftest.py).
 
 The run's Airflow home (AIRFLOW_HOME and friends) and the `airflow_home` fixture are suite-wide:
 tests/airflow_env.py and tests/conftest.py.
@@ -6,13 +8,9 @@ tests/airflow_env.py and tests/conftest.py.
 
 from __future__ import annotations
 
-import contextlib
 import getpass
 import json
-import os
-import random
 import shutil
-import signal
 import socket
 import subprocess
 import time
@@ -22,12 +20,14 @@ from pathlib import Path
 import pytest
 
 from tests.airflow_env import REPO, VENV_BIN
+from tests.hosts import HostSetupError, NsHost, NsHosts
 
 __all__ = ["REPO", "VENV_BIN"]  # imported from here by the provider tests
 
 SSHD = Path("/usr/sbin/sshd")
 CONN_ID = "ringflow_test_ssh"
 BAD_KEY_CONN_ID = "ringflow_test_ssh_badkey"
+NETNS_CONN_ID = "ringflow_test_netns"
 
 
 def wait_until(predicate, timeout: float, what: str, step: float = 0.05):
@@ -145,86 +145,19 @@ def ssh_conn(sshd, monkeypatch) -> str:
     return CONN_ID
 
 
-@dataclass
-class NetnsHost:
-    """A host in its own network namespace behind a veth pair, running its own sshd (same
-    keys and port as the `sshd` fixture's), which a test can make vanish: its end of the
-    link goes down, so packets to it are dropped without a FIN or RST, as when a machine
-    loses power."""
-
-    name: str
-    address: str
-    host_veth: str
-
-    def vanish(self) -> None:
-        subprocess.run(["ip", "netns", "exec", self.name, "ip", "link", "set", "dev", "eth0",
-                        "down"], check=True, timeout=10)
-
-
-def _free_subnet() -> str:
-    """10.<a>.<b>.0/30 that no interface of this machine uses."""
-    used = subprocess.run(["ip", "-4", "-o", "addr"], capture_output=True, text=True,
-                          check=True, timeout=10).stdout
-    rng = random.Random()
-    while True:
-        prefix = f"10.{rng.randrange(64, 250)}.{rng.randrange(1, 250)}."
-        if prefix not in used:
-            return prefix
-
-
 @pytest.fixture
-def netns_host(sshd, tmp_path):
-    """A NetnsHost; the namespace, the link, its sshd and everything its sessions started
-    are gone afterwards. Needs root (make test and CI run as root)."""
-    tag = f"rf{os.getpid() % 10000}{random.randrange(1000)}"
-    name, host_veth, prefix = f"{tag}ns", f"{tag}h", _free_subnet()
-    address = prefix + "2"
-    steps = [
-        ["ip", "netns", "add", name],
-        ["ip", "link", "add", host_veth, "type", "veth", "peer", "name", f"{tag}p"],
-        ["ip", "link", "set", f"{tag}p", "netns", name],
-        ["ip", "netns", "exec", name, "ip", "link", "set", f"{tag}p", "name", "eth0"],
-        ["ip", "addr", "add", prefix + "1/30", "dev", host_veth],
-        ["ip", "link", "set", host_veth, "up"],
-        ["ip", "netns", "exec", name, "ip", "addr", "add", address + "/30", "dev", "eth0"],
-        ["ip", "netns", "exec", name, "ip", "link", "set", "eth0", "up"],
-        ["ip", "netns", "exec", name, "ip", "link", "set", "lo", "up"],
-    ]
-    config = tmp_path / "sshd_config"
-    config.write_text((sshd.home.parent / "sshd_config").read_text()
-                      .replace("ListenAddress 127.0.0.1", f"ListenAddress {address}")
-                      .replace(f"PidFile {sshd.home.parent}/sshd.pid",
-                               f"PidFile {tmp_path}/sshd.pid"))
-    proc = None
+def netns_host(monkeypatch) -> NsHost:
+    """A namespace host of its own (tests/hosts.py), which a test may make vanish
+    (`.vanish()`); its Airflow connection is NETNS_CONN_ID. The host, its link and
+    everything its sessions started are gone afterwards. Needs root (make test and CI run
+    as root)."""
+    hosts = NsHosts(1)
     try:
-        for step in steps:
-            done = subprocess.run(step, capture_output=True, text=True, timeout=10)
-            if done.returncode != 0:
-                pytest.fail(f"cannot make a network-namespace host ({' '.join(step)}: "
-                            f"{done.stderr.strip()}); these tests need root and iproute2")
-        with open(tmp_path / "sshd.log", "wb") as log:
-            proc = subprocess.Popen(["ip", "netns", "exec", name, str(SSHD), "-D", "-e", "-f",
-                                     str(config)], stdout=subprocess.DEVNULL, stderr=log,
-                                    start_new_session=True)
-        wait_until(lambda: _accepts(sshd.port, address) or proc.poll() is not None, 10,
-                   "the namespace's sshd to listen")
-        if proc.poll() is not None:
-            pytest.fail(f"sshd in {name} exited: {(tmp_path / 'sshd.log').read_text()}")
-        yield NetnsHost(name, address, host_veth)
+        hosts.start()
+    except HostSetupError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    try:
+        monkeypatch.setenv(f"AIRFLOW_CONN_{NETNS_CONN_ID.upper()}", hosts[0].connection_json())
+        yield hosts[0]
     finally:
-        if proc is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
-        _kill_netns_processes(name)
-        subprocess.run(["ip", "link", "del", host_veth], capture_output=True, timeout=10)
-        subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=10)
-
-
-def _kill_netns_processes(name: str) -> None:
-    """SIGKILL what sessions of the namespace's sshd left running there (detached jobs)."""
-    listed = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True,
-                            timeout=10).stdout.split()
-    for pid in listed:
-        with contextlib.suppress(ProcessLookupError, ValueError):
-            os.kill(int(pid), signal.SIGKILL)
+        hosts.close()

@@ -12,7 +12,12 @@ import pytest
 from ringflow.errors import LaunchError
 from ringflow_provider.hooks.multi_ssh import MultiHostSSHHook
 from ringflow_provider.remote_job import find_executable_command
-from tests.provider.conftest import BAD_KEY_CONN_ID, connection_json, wait_until
+from tests.provider.conftest import (
+    BAD_KEY_CONN_ID,
+    NETNS_CONN_ID,
+    connection_json,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.ssh]
 
@@ -162,7 +167,7 @@ def test_preflight_names_every_failing_host(hook, sshd):
 
 @pytest.mark.slow
 def test_a_launch_host_that_vanishes_fails_the_stream_within_the_keepalive_bound(
-        ssh_conn, netns_host, tmp_path):
+        netns_host):
     """No FIN, no RST, nothing: the host's link goes down mid-job. The SSH keepalives leave
     data unacknowledged and TCP_USER_TIMEOUT ends the connection, so the job's stream fails
     naming the host within keepalive_s + dead_after_s (here 1 + 3 s; by default 10 + 30 s),
@@ -170,11 +175,10 @@ def test_a_launch_host_that_vanishes_fails_the_stream_within_the_keepalive_bound
     from ringflow_provider.jobs.ssh import SSHJob
     from ringflow_provider.remote_job import JobId
 
-    hook = MultiHostSSHHook(ssh_conn, conn_timeout=5, keepalive_s=1, dead_after_s=3)
+    hook = MultiHostSSHHook(NETNS_CONN_ID, conn_timeout=5, keepalive_s=1, dead_after_s=3)
     lines: list = []
     job = SSHJob(hook, netns_host.address, JobId("d", "t", "vanish", 1),
-                 ["sh", "-c", "echo started; sleep 300"], collect(lines),
-                 state_dir=str(tmp_path / "state"))
+                 ["sh", "-c", "echo started; sleep 300"], collect(lines))
     outcome: dict = {}
 
     def stream():
