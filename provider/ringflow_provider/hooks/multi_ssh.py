@@ -4,14 +4,16 @@ Built on apache-airflow-providers-ssh's `SSHHook` (credentials, host-key policy 
 the connection says); one `SSHHook` per host, made lazily, with the connection's port and the
 host name from the job. What this adds: bounded connects (no retries, banner and auth bounded
 by the same timeout), whole-line streaming (`ringflow_provider.jobs.lines`) with an optional
-inactivity limit, and errors that name the host. `ringflow_provider.jobs.SSHJob` runs a job's
-lifecycle on top of it.
+inactivity limit, SFTP sessions with a deadline on every reply, and errors that name the
+host. `ringflow_provider.jobs.SSHJob` runs a job's lifecycle on top of it;
+`ringflow_provider.shipping` ships the runtime with it.
 """
 
 from __future__ import annotations
 
 import selectors
 import socket
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -122,6 +124,41 @@ class MultiHostSSHHook(BaseHook):
         except (OSError, paramiko.SSHException) as exc:
             raise LaunchError(f"host {host!r}: {command[:60]!r} failed: {exc}") from exc
         return code, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
+
+    def open_sftp(self, host: str, timeout: float | None = None) -> paramiko.SFTPClient:
+        """An SFTP session to `host` whose every wait for a reply is bounded by `timeout`
+        (default: conn_timeout); LaunchError naming the host if it cannot be opened."""
+        timeout = self.conn_timeout if timeout is None else timeout
+        client = self.connect(host)
+        transport = client.get_transport()
+        if transport is None or not transport.is_active():
+            raise LaunchError(f"host {host!r}: SSH transport closed before SFTP started")
+        gave_up = threading.Event()
+        channel = None
+        try:
+            channel = transport.open_session(timeout=timeout)
+
+            def give_up() -> None:
+                gave_up.set()
+                channel.close()
+
+            # paramiko waits for the subsystem's answer without a deadline; closing the
+            # channel ends that wait.
+            timer = threading.Timer(timeout, give_up)
+            timer.start()
+            try:
+                channel.invoke_subsystem("sftp")
+            finally:
+                timer.cancel()
+            channel.settimeout(timeout)  # bounds each SFTP reply
+            return paramiko.SFTPClient(channel)
+        except (OSError, paramiko.SSHException) as exc:
+            if channel is not None:
+                channel.close()
+            cause = (f"no answer within {timeout} s"
+                     if gave_up.is_set() or isinstance(exc, TimeoutError)
+                     else f"{type(exc).__name__}: {exc}")
+            raise LaunchError(f"host {host!r}: cannot open SFTP: {cause}") from exc
 
     def check_hosts(self, hosts: list[str], launch_host: str, executable: str,
                     find_command: str) -> str:
