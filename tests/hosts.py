@@ -15,10 +15,9 @@ import atexit
 import contextlib
 import ctypes
 import ipaddress
+import itertools
 import json
 import os
-import random
-import re
 import shutil
 import signal
 import socket
@@ -29,13 +28,14 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests import host_network as net
+from tests.host_network import HostSetupError
+
+__all__ = ["HostProcess", "HostSetupError", "NsHost", "NsHosts"]
+
 SSHD = "/usr/sbin/sshd"
 HOST_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"  # `python3` on a host is Debian's /usr/bin/python3
-STEP_TIMEOUT_S = 10
 READY_TIMEOUT_S = 10
-_TMP_PREFIX = "ringflow-hosts-"
-# rf<pid>s<set><kind><index>, at most 15 characters (an interface name's limit)
-_NAME_RE = re.compile(r"^rf(\d+)s\d+(br|[hvp]\d+)$")
 _PR_SET_PDEATHSIG = 1
 
 # Runs in the host's fresh mount namespace, then becomes its pid 1: the bind mounts come
@@ -59,10 +59,6 @@ while True:
         time.sleep(1)
 """
 _SSHD_TITLE = "sshd: /usr/sbin/sshd -D -e -f /etc/ssh/sshd_config"  # as sshd retitles itself
-
-
-class HostSetupError(RuntimeError):
-    """The namespace hosts cannot be made here (no root, no iproute2, ...)."""
 
 
 @dataclass(frozen=True)
@@ -151,10 +147,10 @@ class NsHost:
     def vanish(self) -> None:
         """Its end of the link goes down: packets to it are dropped without a FIN or RST,
         as when a machine loses power. `reappear` brings it back."""
-        _ip(["-n", self.netns, "link", "set", "dev", "eth0", "down"])
+        net.ip(["-n", self.netns, "link", "set", "dev", "eth0", "down"])
 
     def reappear(self) -> None:
-        _ip(["-n", self.netns, "link", "set", "dev", "eth0", "up"])
+        net.ip(["-n", self.netns, "link", "set", "dev", "eth0", "up"])
 
 
 @dataclass(eq=False)
@@ -169,9 +165,8 @@ class NsHosts(Sequence[NsHost]):
     teardown_s: float = 0.0
 
     def __post_init__(self) -> None:
-        global _SETS
-        _SETS += 1
-        self.tag = f"rf{os.getpid()}s{_SETS}"
+        # rf<pid>s<set>: with a kind and an index, at most 15 characters (an interface's)
+        self.tag = f"rf{os.getpid()}s{next(_SET_NUMBERS)}"
         self.bridge = f"{self.tag}br"
         self.network: ipaddress.IPv4Network | None = None
         self.root: Path | None = None
@@ -212,8 +207,8 @@ class NsHosts(Sequence[NsHost]):
         _LIVE.add(self)
         try:
             _check_tools()
-            sweep_stale()
-            self.root = Path(tempfile.mkdtemp(prefix=f"{_TMP_PREFIX}{os.getpid()}-"))
+            net.sweep_stale()
+            self.root = Path(tempfile.mkdtemp(prefix=f"{net.TMP_PREFIX}{os.getpid()}-"))
             self._make_keys()
             self._make_network()
             for host in self.hosts:
@@ -238,16 +233,16 @@ class NsHosts(Sequence[NsHost]):
                                   "-f", str(p)], stdout=subprocess.DEVNULL,
                                  stderr=subprocess.PIPE) for p in paths]
         for job, path in zip(jobs, paths):
-            _, err = job.communicate(timeout=STEP_TIMEOUT_S)
+            _, err = job.communicate(timeout=net.STEP_TIMEOUT_S)
             if job.returncode != 0:
                 raise HostSetupError(f"cannot make namespace hosts: ssh-keygen {path}: "
                                      f"{err.decode().strip()}")
 
     def _make_network(self) -> None:
         assert self.root is not None
-        _ip(["link", "add", self.bridge, "type", "bridge"])
+        net.ip(["link", "add", self.bridge, "type", "bridge"])
         self._made_links.append(self.bridge)
-        self.network = _claim_subnet(self.bridge)
+        self.network = net.claim_subnet(self.bridge)
         lines = [f"link set {self.bridge} up"]
         for i in range(self.count):
             netns, veth, peer = f"{self.tag}h{i}", f"{self.tag}v{i}", f"{self.tag}p{i}"
@@ -256,11 +251,11 @@ class NsHosts(Sequence[NsHost]):
             lines += [f"netns add {netns}", f"link add {veth} type veth peer name {peer}",
                       f"link set {peer} netns {netns}", f"link set {veth} master {self.bridge}",
                       f"link set {veth} up"]
-        _ip_batch([], lines)
+        net.ip_batch([], lines)
         for i in range(self.count):
             netns, peer = f"{self.tag}h{i}", f"{self.tag}p{i}"
             address = str(self.network.network_address + 2 + i)
-            _ip_batch(["-n", netns], [f"link set {peer} name eth0",
+            net.ip_batch(["-n", netns], [f"link set {peer} name eth0",
                                       f"addr add {address}/24 dev eth0",
                                       "link set eth0 up", "link set lo up"])
             d = self.root / f"h{i}"
@@ -313,6 +308,13 @@ class NsHosts(Sequence[NsHost]):
                         f"within {READY_TIMEOUT_S} s: "
                         f"{log.read_text().strip() if log.exists() else 'no log'}")
                 time.sleep(0.02)
+        # The readiness probes' connections have sshd children that end by themselves.
+        for host in self.hosts:
+            while host.leftovers():
+                if time.monotonic() > deadline:
+                    raise HostSetupError(f"namespace host {host.name}: processes other than "
+                                         f"its init and sshd at start: {host.leftovers()}")
+                time.sleep(0.02)
 
     # removing -----------------------------------------------------------------------------
     def close(self) -> None:
@@ -329,14 +331,14 @@ class NsHosts(Sequence[NsHost]):
         for init in self._inits:
             # unshare reaps the host's pid 1, which exits once its namespace is empty.
             try:
-                init.wait(timeout=STEP_TIMEOUT_S)
+                init.wait(timeout=net.STEP_TIMEOUT_S)
             except subprocess.TimeoutExpired:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(init.pid, signal.SIGKILL)
-                init.wait(timeout=STEP_TIMEOUT_S)
+                init.wait(timeout=net.STEP_TIMEOUT_S)
         for netns in self._made_netns:
-            _kill_netns_processes(netns)  # what entered only the network namespace
-        _remove(self._made_links, self._made_netns)
+            net.kill_netns_processes(netns)  # what entered only the network namespace
+        net.remove(self._made_links, self._made_netns)
         if self.root is not None:
             shutil.rmtree(self.root, ignore_errors=True)
         _LIVE.discard(self)
@@ -345,18 +347,18 @@ class NsHosts(Sequence[NsHost]):
     def remains(self) -> list[str]:
         """What of this set still exists on the machine: namespaces, links, processes in
         its hosts' PID namespaces, its folder. Empty after `close()`."""
-        left = [f"netns {n}" for n in _netns_names() if n in self._made_netns]
-        left += [f"link {n}" for n in _link_names() if n in self._made_links]
+        left = [f"netns {n}" for n in net.netns_names() if n in self._made_netns]
+        left += [f"link {n}" for n in net.link_names() if n in self._made_links]
         pid_ns = {h.pid_ns for h in self.hosts if h.pid_ns}
         left += [f"pid {pid} in a host's PID namespace" for pid in _pids_in(pid_ns)]
         left += [f"pid {pid} in netns {n}" for n in self._made_netns
-                 for pid in _netns_pids(n)]
+                 for pid in net.netns_pids(n)]
         if self.root is not None and self.root.exists():
             left.append(f"folder {self.root}")
         return left
 
 
-_SETS = 0
+_SET_NUMBERS = itertools.count(1)
 _LIVE: set[NsHosts] = set()
 
 
@@ -396,53 +398,6 @@ def _check_tools() -> None:
                              "(iproute2, util-linux, openssh-server: run `make sysdeps`)")
 
 
-def _ip(args: list[str]) -> str:
-    done = subprocess.run(["ip", *args], capture_output=True, text=True,
-                          timeout=STEP_TIMEOUT_S)
-    if done.returncode != 0:
-        raise HostSetupError(f"cannot make namespace hosts: `ip {' '.join(args)}`: "
-                             f"{done.stderr.strip()} (they need root and iproute2)")
-    return done.stdout
-
-
-def _ip_batch(options: list[str], lines: list[str]) -> None:
-    done = subprocess.run(["ip", *options, "-batch", "-"], input="\n".join(lines) + "\n",
-                          capture_output=True, text=True, timeout=STEP_TIMEOUT_S)
-    if done.returncode != 0:
-        raise HostSetupError(f"cannot make namespace hosts: `ip {' '.join(options)} -batch` "
-                             f"of {lines}: {done.stderr.strip()} (they need root and iproute2)")
-
-
-def _used_networks() -> list[ipaddress.IPv4Network]:
-    nets = []
-    for line in _ip(["-4", "-o", "addr"]).splitlines():
-        nets.append(ipaddress.ip_interface(line.split()[3]).network)
-    for line in _ip(["-4", "route", "show", "table", "all"]).splitlines():
-        for token in line.split()[:2]:  # "10.1.2.0/24 dev ..." or "local 127.0.0.1 dev ..."
-            with contextlib.suppress(ValueError):
-                nets.append(ipaddress.ip_network(token, strict=False))
-                break
-    return nets
-
-
-def _claim_subnet(bridge: str) -> ipaddress.IPv4Network:
-    """A random 10.a.b.0/24 that no address or route of the machine overlaps, its .1 put on
-    `bridge`; checked again after, so two runs choosing at once cannot both keep it."""
-    rng = random.Random()
-    for _ in range(50):
-        net = ipaddress.ip_network(f"10.{rng.randrange(16, 255)}.{rng.randrange(256)}.0/24")
-        if any(net.overlaps(used) for used in _used_networks()):
-            continue
-        _ip(["addr", "add", f"{net.network_address + 1}/24", "dev", bridge])
-        others = [line for line in _ip(["-4", "-o", "addr"]).splitlines()
-                  if line.split()[1] != bridge
-                  and ipaddress.ip_interface(line.split()[3]).network.overlaps(net)]
-        if not others:
-            return net
-        _ip(["addr", "del", f"{net.network_address + 1}/24", "dev", bridge])
-    raise HostSetupError("cannot make namespace hosts: no free 10.x.y.0/24 found")
-
-
 def _accepts(address: str, port: int) -> bool:
     try:
         with socket.create_connection((address, port), timeout=0.5):
@@ -469,66 +424,3 @@ def _pids_in(pid_namespaces: set[str]) -> list[int]:
                 if os.readlink(entry / "ns" / "pid") in pid_namespaces:
                     found.append(int(entry.name))
     return found
-
-
-def _netns_names() -> list[str]:
-    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True,
-                         timeout=STEP_TIMEOUT_S).stdout
-    return [line.split()[0] for line in out.splitlines() if line.strip()]
-
-
-def _link_names() -> list[str]:
-    out = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True,
-                         timeout=STEP_TIMEOUT_S).stdout
-    return [line.split(":")[1].strip().split("@")[0] for line in out.splitlines()]
-
-
-def _netns_pids(netns: str) -> list[int]:
-    out = subprocess.run(["ip", "netns", "pids", netns], capture_output=True, text=True,
-                         timeout=STEP_TIMEOUT_S).stdout
-    return [int(pid) for pid in out.split()]
-
-
-def _kill_netns_processes(netns: str) -> None:
-    for pid in _netns_pids(netns):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-
-
-def _remove(links: list[str], netns: list[str]) -> None:
-    lines = [f"link del {name}" for name in reversed(links)]
-    lines += [f"netns del {name}" for name in netns]
-    if lines:  # -force: go on past what is already gone
-        subprocess.run(["ip", "-force", "-batch", "-"], input="\n".join(lines) + "\n",
-                       capture_output=True, text=True, timeout=STEP_TIMEOUT_S)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def sweep_stale() -> list[str]:
-    """Remove the namespaces, links and folders of runs whose process is gone (a run killed
-    by SIGKILL had no chance to); returns what it removed."""
-    def stale(name: str) -> bool:
-        match = _NAME_RE.match(name)
-        return bool(match) and not _alive(int(match.group(1)))
-
-    netns = [n for n in _netns_names() if stale(n)]
-    links = [n for n in _link_names() if stale(n)]
-    for name in netns:
-        _kill_netns_processes(name)
-    _remove(links, netns)
-    folders = []
-    for folder in Path(tempfile.gettempdir()).glob(f"{_TMP_PREFIX}*"):
-        pid = folder.name[len(_TMP_PREFIX):].split("-")[0]
-        if pid.isdigit() and not _alive(int(pid)):
-            shutil.rmtree(folder, ignore_errors=True)
-            folders.append(str(folder))
-    return [*netns, *links, *folders]

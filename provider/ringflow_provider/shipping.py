@@ -159,12 +159,23 @@ class _Install:
     def _makedirs(self, folder: str) -> None:
         path = PurePosixPath(folder)
         for parent in [*reversed(path.parents), path]:
+            if self._exists(str(parent)):
+                continue
             try:
-                self.sftp.stat(str(parent))
-            except OSError as exc:
-                if exc.errno != errno.ENOENT:
-                    raise
                 self.sftp.mkdir(str(parent))
+            except OSError:
+                # another ship made it meanwhile (sftp-server says only "Failure")
+                if not self._exists(str(parent)):
+                    raise
+
+    def _exists(self, path: str) -> bool:
+        try:
+            self.sftp.stat(path)
+        except OSError as exc:
+            if exc.errno == errno.ENOENT:
+                return False
+            raise
+        return True
 
     def _sweep(self, now: float) -> None:
         """Remove temporaries that are older than STALE_TMP_S by the host's clock (`now`

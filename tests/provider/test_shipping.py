@@ -96,17 +96,19 @@ def test_ship_runtime_ships_to_every_host_at_once(hooks, ns_hosts):
 
 def test_two_concurrent_ships_to_one_host_leave_one_complete_copy(
         ns_hosts, ns_conns, hooks, monkeypatch):
-    """Two jobs (two connections) ship at once; both have uploaded their copy before
-    either renames it into place (a barrier), so the second rename finds the target."""
+    """Two jobs (two connections) ship at once to a host without a cache: they make its
+    folders at the same moment, and both have uploaded their copy before either renames it
+    into place (barriers), so the second rename finds the target."""
     host = ns_hosts[2]
-    both_uploaded = threading.Barrier(2, timeout=30)
-    place = shipping._Install._place
+    for step in ("_makedirs", "_place"):
+        together = threading.Barrier(2, timeout=30)
+        original = getattr(shipping._Install, step)
 
-    def place_after_both_uploaded(self, temporary):
-        both_uploaded.wait()
-        return place(self, temporary)
+        def in_step(self, path, together=together, original=original):
+            together.wait()
+            return original(self, path)
 
-    monkeypatch.setattr(shipping._Install, "_place", place_after_both_uploaded)
+        monkeypatch.setattr(shipping._Install, step, in_step)
     jobs = [hooks[host.address], MultiHostSSHHook(ns_conns[2], conn_timeout=5)]
     results: list = []
     threads = [threading.Thread(target=lambda hook=hook: results.append(
