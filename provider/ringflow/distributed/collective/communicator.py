@@ -66,6 +66,7 @@ class Communicator:
         self._key = rendezvous.JobKey(job_id, token)
         self._link: Link | None = None
         self._local: IntraHost | None = None
+        self._fast_bytes = 0  # all-reduces up to this size take the one-host latency path
         self._segments: list[shm.Segment] = []
         self._goodbye_words: list[tuple[memoryview, int]] = []  # set on an orderly close
         self._p2p: dict[tuple[str, int], socket.socket] = {}
@@ -160,6 +161,7 @@ class Communicator:
 
         self._local = IntraHost(segs, self.pos, self.order, self.ctx, check,
                                 self.settings.shm_small_bytes)
+        self._fast_bytes = min(self.settings.shm_small_bytes, self.settings.slot_bytes)
 
     def _tcp_barrier(self) -> None:
         token = np.zeros(self.nranks, dtype=np.int64)  # one element per chunk: n-1 real hops
@@ -192,6 +194,13 @@ class Communicator:
     # -- collectives -------------------------------------------------------------------------
     def all_reduce(self, arr: np.ndarray, op: int = ReduceOp.SUM) -> np.ndarray:
         """Reduce `arr` over the ring in place; every rank ends with identical bytes."""
+        local = self._local
+        if (local is not None and type(arr) is np.ndarray and arr.dtype in _FAST_DTYPES
+                and arr.flags.c_contiguous and 0 < arr.nbytes <= self._fast_bytes
+                and op != ReduceOp.AVG and self._broken is None):
+            self._fast_all_reduce(local, arr if arr.ndim == 1 else arr.reshape(-1),
+                                  ufunc_for(op, arr.dtype))
+            return arr
         work = _working(arr, "all_reduce")
         ufunc = ufunc_for(op, arr.dtype)
         if self.nranks > 1 and work.size:
@@ -199,6 +208,16 @@ class Communicator:
         if op == ReduceOp.AVG:
             np.true_divide(work, self.nranks, out=work)
         return _write_back(arr, work)
+
+    def _fast_all_reduce(self, local: IntraHost, flat: np.ndarray, ufunc) -> None:
+        """The latency path among the ranks of one host (what ``_guarded`` does, inline)."""
+        self.ctx.op = "all_reduce"
+        try:
+            local.fast_all_reduce(flat, ufunc, self._deadline)
+        except CommError as exc:
+            self._broken = str(exc)
+            self.close(goodbye=False)
+            raise
 
     def _all_reduce(self, flat: np.ndarray, ufunc) -> None:
         if self._local is not None:
@@ -365,6 +384,10 @@ class Communicator:
     def __repr__(self) -> str:
         return (f"Communicator(ring_id={self.ring_id}, rank={self.rank}, nranks={self.nranks}, "
                 f"transport={self.transport!r})")
+
+
+# dtypes the one-host latency path reduces as they are (float16 is widened, elsewhere)
+_FAST_DTYPES = frozenset(np.dtype(t) for t in ("float32", "float64", "int32", "int64"))
 
 
 def _working(arr: np.ndarray, op: str, widen: bool = True) -> np.ndarray:
