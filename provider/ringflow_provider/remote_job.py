@@ -159,7 +159,8 @@ def secrets_stdin(names: Sequence[str], values: Mapping[str, str]) -> str:
 
 
 def launch_command(job: JobId, argv: list[str], env: Mapping[str, str] | None = None,
-                   state_dir: str | None = None, secret_names: Sequence[str] = ()) -> str:
+                   state_dir: str | None = None, secret_names: Sequence[str] = (),
+                   stdin_to_job: bool = False) -> str:
     """The command for SSH exec: read the secrets, stop earlier tries, then run argv in its
     own session.
 
@@ -170,7 +171,8 @@ def launch_command(job: JobId, argv: list[str], env: Mapping[str, str] | None = 
     job); the job's stdin is /dev/null so a closed channel cannot hang or kill it through a
     terminal. The job is not the launching shell's background job (that would ignore
     SIGINT), so `setsid` execs it in place and the shell waits for it. The first stdout line
-    is the PGID.
+    is the PGID. With `stdin_to_job` the job reads the channel's stdin instead (a ringflow
+    launcher agent with `--stdin`: its secrets line, then its lifeline).
     """
     body = _job_body(job, argv, env or {})
     script = (
@@ -183,7 +185,7 @@ def launch_command(job: JobId, argv: list[str], env: Mapping[str, str] | None = 
         # In the job's environment from its first process on (see _OURS).
         f"export d f {TASK_MARK_VAR}={job.task_key}\n"
         "exec 3>&2 2>/dev/null\n"
-        f"setsid -w sh -c {shlex.quote(body)} < /dev/null\n"
+        f"setsid -w sh -c {shlex.quote(body)}{'' if stdin_to_job else ' < /dev/null'}\n"
         f"{_SIGNALLED}"
     )
     return f"sh -c {shlex.quote(script)}"

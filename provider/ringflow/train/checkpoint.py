@@ -163,6 +163,28 @@ def read_complete(root: str, step: int) -> Checkpoint | None:
     return Checkpoint(step, path, first["world_size"], first["mp_degree"], first["nnodes"])
 
 
+def read_host_complete(root: str, step: int, host: int) -> Checkpoint | None:
+    """The checkpoint of ``step`` if host ``host``'s part of it is complete: its manifest
+    and every shard it lists. On hosts that do not share a disk this is all a host can see;
+    the job then agrees on a step every host has (``worker``)."""
+    path = step_path(root, step)
+    manifest = _read_manifest(os.path.join(path, manifest_name(host)))
+    if manifest is None or manifest["step"] != step or manifest["nnodes"] < 1:
+        return None
+    for name, size in manifest["files"].items():
+        shard = os.path.join(path, name)
+        if not os.path.isfile(shard) or os.path.getsize(shard) != size:
+            return None
+    return Checkpoint(step, path, manifest["world_size"], manifest["mp_degree"],
+                      manifest["nnodes"])
+
+
+def host_complete_steps(root: str, host: int) -> list[Checkpoint]:
+    """Every step whose part of host ``host`` is complete, ascending."""
+    found = (read_host_complete(root, step, host) for step in list_steps(root))
+    return [c for c in found if c is not None]
+
+
 def list_steps(root: str) -> list[int]:
     """Every step that has a folder under ``root``, complete or not, ascending."""
     try:
@@ -206,9 +228,10 @@ def remove_host_files(root: str, step: int, layout: Layout) -> None:
 
 
 def prune(root: str, layout: Layout, keep: int = KEEP) -> list[int]:
-    """Removes this host's files of every step older than the ``keep`` newest complete
-    checkpoints; returns those steps."""
-    complete = complete_checkpoints(root)
+    """Removes this host's files of every step older than the ``keep`` newest checkpoints
+    complete on this host (called right after every host completed the newest, so these
+    are complete everywhere); returns those steps."""
+    complete = host_complete_steps(root, layout.host)
     if len(complete) < keep:
         return []
     oldest_kept = complete[-keep].step

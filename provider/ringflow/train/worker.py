@@ -21,9 +21,17 @@ from typing import Any
 
 import numpy as np
 
+from ..distributed.collective.reduce_op import ReduceOp
 from ..distributed.collective.registry import get_ring
 from ..errors import ConfigError
-from .checkpoint import Checkpoint, Checkpointer, Layout, discard_after, latest_checkpoint
+from .checkpoint import (
+    Checkpoint,
+    Checkpointer,
+    Layout,
+    discard_after,
+    host_complete_steps,
+    latest_checkpoint,
+)
 from .checkpoint import read_meta as read_checkpoint_meta
 from .data import NpzData, SyntheticData, local_rows, open_npz
 from .metrics import Reporter
@@ -157,36 +165,61 @@ def build_job(spec: JobSpec, layout: Layout) -> Job:
     return Job(spec, layout, main, startup, model, optimizer, data, rows)
 
 
+def _across_hosts(spec: JobSpec, layout: Layout) -> bool:
+    return bool(spec.checkpoint_dir and spec.resume) and layout.nnodes > 1
+
+
 def find_start(spec: JobSpec, layout: Layout) -> Checkpoint | None:
     """The checkpoint to resume from: the newest complete one, if resuming. One written by
-    another (world size, degree) is a ConfigError naming both."""
-    if not (spec.checkpoint_dir and spec.resume):
+    another (world size, degree) is a ConfigError naming both. A job of several hosts
+    decides once its rings exist (``Trainer._agree_on_start``): None here."""
+    if not (spec.checkpoint_dir and spec.resume) or layout.nnodes > 1:
         return None
     found = latest_checkpoint(os.path.abspath(spec.checkpoint_dir))
-    if found is not None and (found.world_size, found.mp_degree) != (
-            layout.world_size, layout.mp_degree):
+    if found is not None:
+        _check_layout(found, layout)
+    return found
+
+
+def _check_layout(found: Checkpoint, layout: Layout) -> None:
+    if (found.world_size, found.mp_degree) != (layout.world_size, layout.mp_degree):
         raise ConfigError(
             f"checkpoint {found.path} was written by a job of world size {found.world_size} "
             f"with tensor_parallel_degree {found.mp_degree}; this job has world size "
             f"{layout.world_size} with tensor_parallel_degree {layout.mp_degree}: run it with "
             f"the same layout, or set resume to false or another checkpoint_dir")
-    return found
 
 
 def run(spec: JobSpec) -> int:
     """Trains one rank of the job described by ``spec``; returns the exit code."""
     layout = read_layout(spec)
+    _announce(layout, spec)
     job = build_job(spec, layout)
     start = find_start(spec, layout)
     report = Reporter(sys.stdout, layout.rank == 0, spec.global_batch_size)
     _describe(report, spec, layout)
     if start is not None and start.step >= spec.steps:
-        meta = read_checkpoint_meta(start.shard(layout.rank))
-        report.say(f"checkpoint step {start.step} is at or past the target of {spec.steps} "
-                   f"steps: nothing to train: {start.path}")
-        report.summary(meta.get("loss"), start.step, start.path, start.step)
-        return EXIT_OK
+        return _finished(report, spec, start, layout)
     return Trainer(job, report).run(start)
+
+
+def _finished(report: Reporter, spec: JobSpec, start: Checkpoint, layout: Layout) -> int:
+    """A checkpoint at or past the target: the job's summary, nothing trained."""
+    meta = read_checkpoint_meta(start.shard(layout.rank))
+    report.say(f"checkpoint step {start.step} is at or past the target of {spec.steps} "
+               f"steps: nothing to train: {start.path}")
+    report.summary(meta.get("loss"), start.step, start.path, start.step)
+    return EXIT_OK
+
+
+def _announce(layout: Layout, spec: JobSpec) -> None:
+    """Every rank says once where it runs (the launcher tags the line with the rank; the
+    operator, gathering several hosts, with the host too)."""
+    mp = layout.mp_degree
+    print(f"[train] rank {layout.rank} of {layout.world_size} starts on host "
+          f"{layout.host} ({os.uname().nodename}, pid {os.getpid()}): tensor parallel rank "
+          f"{layout.rank % mp} of {mp}, data parallel rank {layout.rank // mp} of "
+          f"{spec.dp_degree(layout.world_size)}", flush=True)
 
 
 def _describe(report: Reporter, spec: JobSpec, layout: Layout) -> None:
@@ -215,6 +248,10 @@ class Trainer:
 
     def run(self, start: Checkpoint | None) -> int:
         self.exe.run(self.job.startup, scope=self.scope)
+        if start is None and _across_hosts(self.spec, self.job.layout):
+            start = self._agree_on_start()
+            if start is not None and start.step >= self.spec.steps:
+                return _finished(self.report, self.spec, start, self.job.layout)
         step, loss = self._restore(start) if start is not None else (0, None)
         if self.checkpoints is not None:
             self._discard_after(step)
@@ -297,6 +334,29 @@ class Trainer:
         flag = np.array([bad], dtype=np.int64)
         get_ring(GLOBAL_RING).all_reduce(flag)
         return int(flag[0]) == 0
+
+    def _agree_on_start(self) -> Checkpoint | None:
+        """The newest step complete on every host, when hosts do not share the checkpoint
+        folder: each host sees only its own part, so the ranks agree over the global ring
+        (the newest step every rank's host has; a candidate some host lacks moves the bound
+        below it). One written by another layout is a ConfigError naming both."""
+        layout = self.job.layout
+        mine = {c.step: c for c in host_complete_steps(
+            os.path.abspath(self.spec.checkpoint_dir), layout.host)}
+        ring = get_ring(GLOBAL_RING)
+        bound = 1 << 62
+        while True:
+            newest = np.array([max((s for s in mine if s <= bound), default=-1)], np.int64)
+            ring.all_reduce(newest, op=ReduceOp.MIN)
+            step = int(newest[0])
+            if step < 0:
+                return None
+            held = np.array([int(step in mine)], np.int64)
+            ring.all_reduce(held, op=ReduceOp.MIN)
+            if held[0]:
+                _check_layout(mine[step], layout)
+                return mine[step]
+            bound = step - 1
 
     @staticmethod
     def _barrier() -> None:

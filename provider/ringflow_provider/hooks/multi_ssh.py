@@ -195,9 +195,12 @@ class MultiHostSSHHook(BaseHook):
         finally:
             channel.close()
 
-    def start_command(self, host: str, command: str, stdin_text: str = "") -> paramiko.Channel:
+    def start_command(self, host: str, command: str, stdin_text: str = "",
+                      keep_stdin: bool = False) -> paramiko.Channel:
         """Start `command` on `host` in a new channel; `stdin_text` (secrets, never on the
-        command line) is written to its stdin, which is then closed; `pump` streams it."""
+        command line) is written to its stdin, which is then closed, or with `keep_stdin`
+        left open (the command's lifeline: it ends when the channel does); `pump` streams
+        it."""
         client = self.connect(host)
         transport = client.get_transport()
         if transport is None or not transport.is_active():
@@ -210,7 +213,8 @@ class MultiHostSSHHook(BaseHook):
             channel.exec_command(command)
             if stdin_text:
                 channel.sendall(stdin_text.encode())
-            channel.shutdown_write()
+            if not keep_stdin:
+                channel.shutdown_write()
         except (OSError, paramiko.SSHException) as exc:
             channel.close()
             raise LaunchError(f"host {host!r}: cannot start the command: {exc}") from exc
@@ -255,6 +259,12 @@ class MultiHostSSHHook(BaseHook):
                     )
                 else:
                     selector.select(_TICK_S)
+        # The transport thread may have taken the last data and the exit status in between
+        # the readiness checks above: what arrived before the exit status is still buffered.
+        while channel.recv_ready():
+            out.feed(channel.recv(_READ_CHUNK))
+        while channel.recv_stderr_ready():
+            err.feed(channel.recv_stderr(_READ_CHUNK))
         out.flush()
         err.flush()
         if channel.exit_status_ready():

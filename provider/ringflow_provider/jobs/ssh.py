@@ -46,6 +46,9 @@ class SSHJob:
         remote command lines, so nothing secret)
     :param secret_env: exported in the remote shell from the channel's stdin, so the values
         sit on no command line on either side (one line each: no line break or NUL)
+    :param job_stdin: instead, the first line of the job's own stdin (a ringflow launcher
+        agent's ``--stdin`` secrets line), which then stays open for the job's life: the
+        agent stops its ranks when it ends (the Airflow side is gone)
     :param state_dir: the remote directory of the pid files (None: ``$HOME/.ringflow/jobs``)
     :param log: where the job's own messages go (the operator's logger)
     :param should_stop: polled while streaming; True ends :meth:`wait` (the job runs on)
@@ -53,7 +56,7 @@ class SSHJob:
 
     def __init__(self, hook: MultiHostSSHHook, host: str, job: JobId, argv: Sequence[str],
                  on_line: LineSink, *, env: Mapping[str, str] | None = None,
-                 secret_env: Mapping[str, str] | None = None,
+                 secret_env: Mapping[str, str] | None = None, job_stdin: str | None = None,
                  state_dir: str | None = None, log: Any = None,
                  should_stop: Callable[[], bool] = lambda: False) -> None:
         self.hook = hook
@@ -63,7 +66,11 @@ class SSHJob:
         self.on_line = on_line
         self.env = dict(env or {})
         self.secret_env = dict(secret_env or {})
-        self._stdin = secrets_stdin(list(self.secret_env), self.secret_env)  # checks values
+        if job_stdin is not None and self.secret_env:
+            raise LaunchError("SSHJob takes secret_env or job_stdin, not both")
+        self._job_stdin = job_stdin
+        self._stdin = job_stdin if job_stdin is not None else secrets_stdin(
+            list(self.secret_env), self.secret_env)  # checks values
         self.state_dir = state_dir
         self.log = log if log is not None else logging.getLogger(__name__)
         self.pgid: int | None = None
@@ -92,8 +99,10 @@ class SSHJob:
         if self._stop_requested:
             raise LaunchError(f"job {self.job} was stopped before it started")
         command = launch_command(self.job, self.argv, self.env, self.state_dir,
-                                 secret_names=list(self.secret_env))
-        self._channel = self.hook.start_command(self.host, command, self._stdin)
+                                 secret_names=list(self.secret_env),
+                                 stdin_to_job=self._job_stdin is not None)
+        self._channel = self.hook.start_command(self.host, command, self._stdin,
+                                                keep_stdin=self._job_stdin is not None)
 
     def wait(self) -> int:
         """Stream output to `on_line` until the command ends (or streaming is stopped);

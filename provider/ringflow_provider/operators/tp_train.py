@@ -12,7 +12,6 @@ import contextlib
 import json
 import os
 import secrets as token_source
-import signal
 import time
 import uuid
 from pathlib import Path
@@ -21,14 +20,16 @@ from typing import Any, ClassVar
 from airflow.sdk import Asset, BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
+from ringflow.errors import LaunchError
 from ringflow.launch.stdin import encode_secrets
 from ringflow.train.checkpoint import latest_checkpoint
+from ringflow_provider.hooks.multi_ssh import MultiHostSSHHook
 from ringflow_provider.jobs import LocalJob, Secrets
+from ringflow_provider.remote_job import JobId
 from ringflow_provider.tp_train import (
     SPEC_FIELDS,
     JobReport,
     failure_cause,
-    json_text,
     launcher_argv,
     parse_spec,
     path_part,
@@ -36,6 +37,19 @@ from ringflow_provider.tp_train import (
     progress_line,
     text_chart,
 )
+from ringflow_provider.tp_train_args import (
+    base_port,
+    connections,
+    env_dict,
+    host_list,
+    how,
+    launcher_name,
+    log_tail,
+    positive_int,
+    ringflow_home,
+    try_number,
+)
+from ringflow_provider.tp_train_hosts import MultiHostTraining, failure_message, tag_line
 
 __all__ = ["DEFAULT_CHECKPOINT_DIR", "DEFAULT_LOG_DIR", "TPTrainOperator", "ringflow_home"]
 
@@ -43,21 +57,13 @@ __all__ = ["DEFAULT_CHECKPOINT_DIR", "DEFAULT_LOG_DIR", "TPTrainOperator", "ring
 DEFAULT_LOG_DIR = "{home}/runs/{dag_id}/{run_id}/{task_id}/try-{try_number}"
 # shared by the tries of a task, so a retry resumes where the failed try left off
 DEFAULT_CHECKPOINT_DIR = "{home}/checkpoints/{dag_id}/{run_id}/{task_id}"
+# with hosts: relative to the SSH login's home on each host (the agents' working folder)
+REMOTE_LOG_DIR = ".ringflow/runs/{dag_id}/{run_id}/{task_id}/try-{try_number}"
+REMOTE_CHECKPOINT_DIR = ".ringflow/checkpoints/{dag_id}/{run_id}/{task_id}"
 _DEFAULT = "default"
 # exit codes of ringflow.train that a retry cannot fix: a bad spec (2), a NaN/inf loss (3)
 _NO_RETRY = {2: "the job spec or checkpoint was refused", 3: "the loss became NaN or inf"}
 _STOP_GRACE_S = 4.0  # SIGTERM -> SIGKILL; Airflow allows about 5 s after its SIGTERM
-
-
-def _how(exit_code: int) -> str:
-    """``exit code 137 (128+9: SIGKILL)``, as a shell reports a process a signal ended."""
-    if 128 < exit_code <= 128 + 64:
-        try:
-            name = signal.Signals(exit_code - 128).name
-        except ValueError:
-            name = f"signal {exit_code - 128}"
-        return f"exit code {exit_code} (128+{exit_code - 128}: {name})"
-    return f"exit code {exit_code}"
 
 
 class TPTrainOperator(BaseOperator):
@@ -111,9 +117,23 @@ class TPTrainOperator(BaseOperator):
     :param secret_env: variables for every rank whose values are always secret: they reach
         the ranks over the launcher's stdin, never a command line, and are masked everywhere
         (templated)
+
+    On several hosts (``hosts`` set; each host needs only python3 and numpy):
+
+    :param hosts: train on these hosts over SSH instead of this one: a list or a comma
+        string of hostnames or IPv4 addresses, ranks host-major, ``nproc_per_host`` on each;
+        None (default): this host (templated)
+    :param ssh_conn_id: the ``ssh`` connection that reaches the hosts (its host replaced by
+        each), or a mapping host -> connection id; default ``ssh_default`` (templated)
+    :param python: the interpreter on the hosts, default ``python3`` (templated)
+    :param launcher: ``ssh``: one ringflow launcher agent per host over SSH (default);
+        ``mpirun`` is not available yet (templated)
+    :param base_port: the first rank port on every host; default a range free on every
+        host, found before the job starts (templated)
     """
 
-    template_fields = (*SPEC_FIELDS, "nproc_per_host", "log_dir", "extra_env", "secret_env")
+    template_fields = (*SPEC_FIELDS, "nproc_per_host", "log_dir", "extra_env", "secret_env",
+                       "hosts", "ssh_conn_id", "python", "launcher", "base_port")
     template_fields_renderers: ClassVar[dict[str, str]] = {
         "model_args": "json", "optimizer": "json", "lr_schedule": "json", "extra_env": "json",
         "secret_env": "json"}
@@ -130,7 +150,10 @@ class TPTrainOperator(BaseOperator):
                  resume: bool | str = True, amp: bool | str = False,
                  recompute: bool | list[str] | str = False, nproc_per_host: int | str = 2,
                  log_dir: str | None = None, extra_env: dict | str | None = None,
-                 secret_env: dict | str | None = None, **kwargs: Any) -> None:
+                 secret_env: dict | str | None = None, hosts: list[str] | str | None = None,
+                 ssh_conn_id: str | dict = MultiHostSSHHook.default_conn_name,
+                 python: str = "python3", launcher: str = "ssh",
+                 base_port: int | str | None = None, **kwargs: Any) -> None:
         kwargs.setdefault("retries", 1)
         super().__init__(**kwargs)
         self.model, self.model_args, self.data = model, model_args or {}, data
@@ -145,10 +168,13 @@ class TPTrainOperator(BaseOperator):
         self.amp, self.recompute = amp, recompute
         self.nproc_per_host, self.log_dir = nproc_per_host, log_dir
         self.extra_env, self.secret_env = extra_env or {}, secret_env or {}
+        self.hosts, self.ssh_conn_id, self.python = hosts, ssh_conn_id, python
+        self.launcher, self.base_port = launcher, base_port
         self._declare_asset()
         # Plain attributes, not threading objects: Airflow deep-copies operators.
         self._killed = False
         self._job: LocalJob | None = None
+        self._training: MultiHostTraining | None = None
         self._secrets = Secrets()
 
     def _declare_asset(self) -> None:
@@ -173,52 +199,121 @@ class TPTrainOperator(BaseOperator):
         found = Secrets()
         for env, all_secret in ((self.extra_env, False), (self.secret_env, True)):
             with contextlib.suppress(ValueError):  # reported by _plan, masked as known
-                found.add_env(_env_dict(env, "env"), all_secret=all_secret)
+                found.add_env(env_dict(env, "env"), all_secret=all_secret)
         return found
 
-    def _plan(self, context: Any) -> tuple[Any, int, Path, dict, dict]:
-        """The rendered arguments, validated: (spec, nproc, log dir, extra env, secret env).
-        A bad value fails the task at once, without retries, naming field and value."""
+    def _plan(self, context: Any) -> dict[str, Any]:
+        """The rendered arguments, validated (spec, nproc, log_dir, extra, secret; with
+        hosts also hosts, conns, remote_log_dir, python, base_port). A bad value fails the
+        task at once, without retries, naming field and value."""
         ti = context["ti"]
         ids = {"home": ringflow_home(), "dag_id": path_part(ti.dag_id),
                "run_id": path_part(ti.run_id), "task_id": path_part(ti.task_id),
-               "try_number": _try_number(ti)}
+               "try_number": try_number(ti)}
         try:
+            hosts = host_list(self.hosts)
             values = {name: getattr(self, name) for name in SPEC_FIELDS}
             if values["checkpoint_dir"] == _DEFAULT:
-                values["checkpoint_dir"] = DEFAULT_CHECKPOINT_DIR.format(**ids)
-            if isinstance(values["checkpoint_dir"], str) and values["checkpoint_dir"].strip():
+                values["checkpoint_dir"] = (REMOTE_CHECKPOINT_DIR if hosts
+                                            else DEFAULT_CHECKPOINT_DIR).format(**ids)
+            if not hosts and isinstance(values["checkpoint_dir"], str) and \
+                    values["checkpoint_dir"].strip():
                 values["checkpoint_dir"] = os.path.expanduser(values["checkpoint_dir"].strip())
             spec = parse_spec(values)
-            nproc = _positive_int(self.nproc_per_host, "nproc_per_host")
-            spec.check_layout(nproc, nproc)
-            log_dir = Path(os.path.expanduser(self.log_dir or DEFAULT_LOG_DIR.format(**ids)))
-            extra = _env_dict(self.extra_env, "extra_env")
-            secret = _env_dict(self.secret_env, "secret_env")
+            nproc = positive_int(self.nproc_per_host, "nproc_per_host")
+            spec.check_layout(nproc * max(len(hosts), 1), nproc)
+            local_dir = self.log_dir if self.log_dir and not hosts else DEFAULT_LOG_DIR
+            plan = {"spec": spec, "nproc": nproc, "hosts": hosts,
+                    "log_dir": Path(os.path.expanduser(local_dir.format(**ids))),
+                    "extra": env_dict(self.extra_env, "extra_env"),
+                    "secret": env_dict(self.secret_env, "secret_env")}
+            if hosts:
+                plan.update(conns=connections(self.ssh_conn_id, hosts),
+                            remote_log_dir=(self.log_dir or REMOTE_LOG_DIR).format(**ids),
+                            python=_interpreter(self.python), launcher=launcher_name(
+                                self.launcher), base_port=base_port(self.base_port, nproc))
         except Exception as exc:  # validation messages quote values: mask them
             raise AirflowFailException(self._secrets.mask(f"task {self.task_id!r}: {exc}")) \
                 from None
-        return spec, nproc, log_dir, extra, secret
+        return plan
 
     # running ----------------------------------------------------------------------------------
     def execute(self, context: Any) -> dict[str, Any]:
-        spec, nproc, log_dir, extra_env, secret_env = self._plan(context)
+        plan = self._plan(context)
+        if plan["hosts"]:
+            return self._execute_on_hosts(context, plan)
+        spec, nproc, log_dir = plan["spec"], plan["nproc"], plan["log_dir"]
         log_dir.mkdir(parents=True, exist_ok=True)
         spec_path = log_dir / "spec.json"
         spec_path.write_text(json.dumps(spec.to_dict(), indent=2) + "\n")
         self._log_plan(spec, nproc, log_dir, context)
         report = JobReport()
         started = time.monotonic()
-        exit_code = self._run(spec, nproc, log_dir, spec_path, extra_env, secret_env, report)
-        if self._killed:
-            raise AirflowException(f"training job of task {self.task_id!r} was killed "
-                                   f"(on_kill); its ranks were stopped")
+        exit_code = self._run(spec, nproc, log_dir, spec_path, plan["extra"], plan["secret"],
+                              report)
+        self._raise_if_killed()
         if exit_code != 0:
             self._fail(exit_code, report, log_dir)
         summary = self._summary(spec, nproc, log_dir, report)
         self.log.info("training finished in %.1f s: %s", time.monotonic() - started,
                       json.dumps(summary["final_loss"]))
-        self._emit_asset_event(context, summary)
+        self._emit_asset_event(context, summary, os.uname().nodename)
+        return summary
+
+    def _raise_if_killed(self) -> None:
+        if self._killed:
+            raise AirflowException(f"training job of task {self.task_id!r} was killed "
+                                   f"(on_kill); its ranks were stopped")
+
+    def _execute_on_hosts(self, context: Any, plan: dict[str, Any]) -> dict[str, Any]:
+        spec, nproc, hosts, log_dir = plan["spec"], plan["nproc"], plan["hosts"], plan["log_dir"]
+        log_dir.mkdir(parents=True, exist_ok=True)
+        (log_dir / "spec.json").write_text(json.dumps(spec.to_dict(), indent=2) + "\n")
+        mp, world = spec.tensor_parallel_degree, nproc * len(hosts)
+        self.log.info("training %s on %d hosts (%s), %d ranks each: %d ranks (tensor parallel "
+                      "%d x data parallel %d), %d steps of %d samples; logs and spec in %s on "
+                      "each host, checkpoints in %s", spec.model, len(hosts), ",".join(hosts),
+                      nproc, world, mp, world // mp, spec.steps, spec.global_batch_size,
+                      plan["remote_log_dir"], spec.checkpoint_dir)
+        token = token_source.token_hex(32)
+        self._secrets = self._collect_secrets().add(token)
+        self._secrets.register()
+        ti, report, first = context["ti"], JobReport(), {"step": None}
+        hooks = {conn: MultiHostSSHHook(conn) for conn in set(plan["conns"].values())}
+
+        def on_line(host: str, stream: str, text: str) -> None:
+            self._on_line(stream, text, report, spec.steps, first, tag_line(host, text), host)
+
+        training = self._training = MultiHostTraining(
+            {h: hooks[c] for h, c in plan["conns"].items()}, hosts,
+            JobId(ti.dag_id, ti.task_id, ti.run_id, try_number(ti)), plan["python"], nproc,
+            plan["remote_log_dir"], on_line, self.log, plan["base_port"])
+        started = time.monotonic()
+        try:
+            training.prepare(spec.to_dict())
+            self._raise_if_killed()
+            env = {**plan["extra"], "RINGFLOW_JOB_ID": uuid.uuid4().hex[:12],
+                   "PYTHONUNBUFFERED": "1"}
+            agents = training.run(env, encode_secrets({"RINGFLOW_JOB_TOKEN": token,
+                                                       **plan["secret"]}).decode())
+        except LaunchError as exc:
+            raise AirflowException(self._secrets.mask(str(exc))) from None
+        finally:
+            for hook in hooks.values():
+                hook.close()
+        self._raise_if_killed()
+        if any(a.exit_code != 0 for a in agents):
+            message, code = failure_message(training)
+            message = self._secrets.mask(message)
+            if code in _NO_RETRY:
+                raise AirflowFailException(f"{message}\n(not retried: {_NO_RETRY[code]})")
+            raise AirflowException(message)
+        summary = self._summary(spec, world, log_dir, report)
+        summary.update(hosts=hosts, checkpoint=training.absolute(summary["checkpoint"]),
+                       log_dir=f"{hosts[0]}:{training.absolute(plan['remote_log_dir'])}")
+        self.log.info("training finished in %.1f s on %d hosts: %s",
+                      time.monotonic() - started, len(hosts), json.dumps(summary["final_loss"]))
+        self._emit_asset_event(context, summary, hosts[0])
         return summary
 
     def _log_plan(self, spec: Any, nproc: int, log_dir: Path, context: Any) -> None:
@@ -228,20 +323,20 @@ class TPTrainOperator(BaseOperator):
             "steps of %d samples, %s, %s optimizer; logs and spec in %s", spec.model, nproc, mp,
             nproc // mp, spec.steps, spec.global_batch_size, spec.dtype,
             spec.optimizer["type"], log_dir)
-        try_number = _try_number(context["ti"])
+        attempt = try_number(context["ti"])
         if spec.checkpoint_dir is None:
             self.log.info("no checkpoints (checkpoint_dir is None): a retry starts over")
             return
         latest = latest_checkpoint(spec.checkpoint_dir) if spec.resume else None
         if latest is None:
             self.log.info("try %d: no complete checkpoint in %s: training starts at step 1",
-                          try_number, spec.checkpoint_dir)
+                          attempt, spec.checkpoint_dir)
         elif latest.step >= spec.steps:
             self.log.info("try %d: the checkpoint of step %d in %s already reaches the %d "
-                          "steps asked: nothing to train", try_number, latest.step,
+                          "steps asked: nothing to train", attempt, latest.step,
                           latest.path, spec.steps)
         else:
-            self.log.info("try %d: resuming from step %d (checkpoint %s)", try_number,
+            self.log.info("try %d: resuming from step %d (checkpoint %s)", attempt,
                           latest.step, latest.path)
 
     def _run(self, spec: Any, nproc: int, log_dir: Path, spec_path: Path, extra_env: dict,
@@ -269,10 +364,10 @@ class TPTrainOperator(BaseOperator):
             return job.wait()
 
     def _on_line(self, stream: str, text: str, report: JobReport, steps: int,
-                 first: dict) -> None:
+                 first: dict, shown: str | None = None, host: str | None = None) -> None:
         parsed = report.feed(text)
         if parsed is None:
-            text = self._secrets.mask(text)
+            text = self._secrets.mask(shown if shown is not None else text)
             (self.log.info if stream == "stdout" else self.log.warning)("%s", text)
             return
         kind, payload = parsed
@@ -282,24 +377,24 @@ class TPTrainOperator(BaseOperator):
         elif kind == "summary":
             self.log.info("summary: %s", self._secrets.mask(json.dumps(payload)))
         else:
-            self.log.info("launcher: %s (exit code %s)", payload.get("cause"),
-                          payload.get("exit_code"))
+            self.log.info("launcher%s: %s (exit code %s)", f" on {host}" if host else "",
+                          payload.get("cause"), payload.get("exit_code"))
 
     def _fail(self, exit_code: int, report: JobReport, log_dir: Path) -> None:
         result = report.result or {}
         rank = result.get("failed_rank")
         if rank is None:  # the launcher itself failed (or gave no result line)
             tail = self._job.tail if self._job else []
-            where = (f"the launcher on this host ended with {_how(exit_code)} "
+            where = (f"the launcher on this host ended with {how(exit_code)} "
                      f"({result.get('cause') or 'no result line'})")
             source = "its output"
         else:
-            tail = _log_tail(log_dir, rank)
+            tail = log_tail(log_dir, rank)
             info = next((r for r in result.get("ranks", []) if r.get("rank") == rank), {})
             code = info.get("exit_code", exit_code)
             cause = failure_cause(tail) or result.get("cause") or "no cause in its log"
             where = (f"rank {rank} on {result.get('host', 'this host')} (pid "
-                     f"{info.get('pid', '?')}) failed first with {_how(code)}: {cause}")
+                     f"{info.get('pid', '?')}) failed first with {how(code)}: {cause}")
             source = str(log_dir / f"workerlog.{rank}")
             exit_code = code
         message = self._secrets.mask(f"training failed: {where}; last {len(tail)} lines of "
@@ -308,10 +403,10 @@ class TPTrainOperator(BaseOperator):
             raise AirflowFailException(f"{message}\n(not retried: {_NO_RETRY[exit_code]})")
         raise AirflowException(message)
 
-    def _summary(self, spec: Any, nproc: int, log_dir: Path, report: JobReport
+    def _summary(self, spec: Any, world: int, log_dir: Path, report: JobReport
                  ) -> dict[str, Any]:
         job = report.summary or {}
-        mp = spec.tensor_parallel_degree
+        mp, nproc = spec.tensor_parallel_degree, world
         plot, said = plot_loss(report.history, log_dir / "loss.png",
                                f"{self.task_id}: {spec.model}, mp {mp} x dp {nproc // mp}")
         self.log.info("%s", said)
@@ -325,11 +420,11 @@ class TPTrainOperator(BaseOperator):
                 "checkpoint": job.get("checkpoint"), "log_dir": str(log_dir), "plot": plot,
                 "resumed_from": job.get("resumed_from")}
 
-    def _emit_asset_event(self, context: Any, summary: dict[str, Any]) -> None:
+    def _emit_asset_event(self, context: Any, summary: dict[str, Any], host: str) -> None:
         asset, events = self.asset, context.get("outlet_events")
         if asset is None or events is None:
             return
-        events[asset].extra = {"checkpoint": summary["checkpoint"], "host": os.uname().nodename,
+        events[asset].extra = {"checkpoint": summary["checkpoint"], "host": host,
                                "step": summary["steps"], "final_loss": summary["final_loss"]}
 
     def on_kill(self) -> None:
@@ -338,47 +433,13 @@ class TPTrainOperator(BaseOperator):
         self._killed = True
         if self._job is not None:
             self.log.info("on_kill: %s", self._job.stop())
+        if self._training is not None:
+            self._training.stop("on_kill")
 
 
-def ringflow_home() -> str:
-    """The folder of the default log and checkpoint folders on this host: $RINGFLOW_HOME,
-    else ~/.ringflow."""
-    return os.path.expanduser(os.environ.get("RINGFLOW_HOME") or "~/.ringflow")
-
-
-def _try_number(ti: Any) -> int:
-    """The try as a person counts it: `airflow tasks test` runs a task as try 0."""
-    return max(int(ti.try_number or 0), 1)
-
-
-def _positive_int(value: Any, name: str) -> int:
-    try:
-        number = int(str(value).strip())
-    except ValueError:
-        raise ValueError(f"{name} must be an integer >= 1, got {value!r}") from None
-    if number < 1:
-        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-    return number
-
-
-def _env_dict(value: Any, name: str) -> dict[str, str]:
-    value = json_text(value) if isinstance(value, str) and value.strip() else (value or {})
-    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
-        raise ValueError(f"{name} must be a mapping of variable names to values")
-    for key in value:
-        if not key.isidentifier() or key.startswith(("PADDLE_", "RINGFLOW_")):
-            raise ValueError(f"{name}: {key!r} is not a variable a job may set (names are "
-                             f"identifiers; PADDLE_* and RINGFLOW_* belong to the launcher)")
-    return {k: str(v) for k, v in value.items()}
-
-
-def _log_tail(log_dir: Path, rank: int, lines: int = 20) -> list[str]:
-    path = log_dir / f"workerlog.{rank}"
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(f.tell() - 64 * 1024, 0))
-            text = f.read().decode(errors="replace")
-    except OSError as exc:
-        return [f"(cannot read {path}: {exc.strerror})"]
-    return text.splitlines()[-lines:]
+def _interpreter(value: Any) -> str:
+    """The hosts' python: a command or a path, never something an option parser reads."""
+    text = str(value or "").strip()
+    if not text or text.startswith("-") or any(ord(c) < 32 for c in text):
+        raise ValueError(f"python must be an interpreter's name or path, got {value!r}")
+    return text

@@ -167,14 +167,14 @@ def test_recompute_true_trains_bitwise_like_the_plain_job(train_here):
                          "model_args": {**MLP_ARGS, "num_layers": 3}})
     assert recomputed.code == 0, recomputed.stderr
     assert recomputed.losses == deeper.losses and deeper.losses != plain.losses
-    assert "recompute" in recomputed.stdout.splitlines()[0]
+    assert "recompute" in _job_line(recomputed.stdout)
 
 
 def test_amp_trains_within_float16_rounding_of_float32(train_here):
     spec = {**BASE, "dtype": "float32", "steps": 5, "log_every": 1}
     full, mixed = train_here(spec), train_here({**spec, "amp": True})
     assert mixed.code == 0, mixed.stderr
-    assert ", amp" in mixed.stdout.splitlines()[0]
+    assert ", amp" in _job_line(mixed.stdout)
     steps = sorted(full.losses)
     np.testing.assert_allclose([mixed.losses[s] for s in steps],
                                [full.losses[s] for s in steps], rtol=5e-3)
@@ -210,3 +210,14 @@ def test_the_command_line_wants_exactly_one_spec(capsys):
     assert "got 2: a.json b.json" in capsys.readouterr().err
     assert main(["--help"]) == 0
     assert capsys.readouterr().out.startswith("usage: python -m ringflow.train SPEC.json")
+
+
+def _job_line(stdout: str) -> str:
+    return next(line for line in stdout.splitlines() if line.startswith("[train] job: "))
+
+
+def test_every_rank_says_once_where_it_runs(train_here):
+    out = train_here({"model": "mlp", "steps": 1, "checkpoint_dir": None})
+    (line,) = [x for x in out.stdout.splitlines() if " starts on host " in x]
+    assert line.startswith("[train] rank 0 of 1 starts on host 0 (")
+    assert line.endswith("tensor parallel rank 0 of 1, data parallel rank 0 of 1")

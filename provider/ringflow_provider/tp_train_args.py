@@ -1,0 +1,124 @@
+"""TPTrainOperator's argument rules and small helpers, without Airflow: numbers, env
+mappings, the hosts list and its SSH connections, the default folders, how an exit code
+reads, the tail of a rank's log."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from ringflow import naming
+from ringflow.errors import ConfigError
+from ringflow_provider.models import json_text
+
+LAUNCHERS = ("ssh",)  # "mpirun" (issue 11) is not built yet
+
+
+def ringflow_home() -> str:
+    """The folder of the default log and checkpoint folders on this host: $RINGFLOW_HOME,
+    else ~/.ringflow."""
+    return os.path.expanduser(os.environ.get("RINGFLOW_HOME") or "~/.ringflow")
+
+
+def try_number(ti: Any) -> int:
+    """The try as a person counts it: `airflow tasks test` runs a task as try 0."""
+    return max(int(ti.try_number or 0), 1)
+
+
+def positive_int(value: Any, name: str) -> int:
+    try:
+        number = int(str(value).strip())
+    except ValueError:
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}") from None
+    if number < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    return number
+
+
+def env_dict(value: Any, name: str) -> dict[str, str]:
+    value = json_text(value, name) if isinstance(value, str) and value.strip() else (value or {})
+    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+        raise ValueError(f"{name} must be a mapping of variable names to values")
+    for key in value:
+        if not key.isidentifier() or key.startswith(("PADDLE_", "RINGFLOW_")):
+            raise ValueError(f"{name}: {key!r} is not a variable a job may set (names are "
+                             f"identifiers; PADDLE_* and RINGFLOW_* belong to the launcher)")
+    return {k: str(v) for k, v in value.items()}
+
+
+def host_list(value: Any) -> list[str]:
+    """``hosts`` as given (a list, a comma string or its JSON text), checked by the
+    launcher's own rule; [] for none."""
+    value = json_text(value, "hosts") if isinstance(value, str) else value
+    if value is None or value == "" or value == []:
+        return []
+    names = [h.strip() for h in (value.split(",") if isinstance(value, str) else value)]
+    for name in names:
+        try:
+            naming.check_host(name)
+        except ConfigError as exc:
+            raise ValueError(f"hosts: {exc}") from None
+    twice = sorted({h for h in names if names.count(h) > 1})
+    if twice:
+        raise ValueError(f"hosts: {', '.join(twice)} appears more than once (use "
+                         f"nproc_per_host for several ranks on a host)")
+    return names
+
+
+def connections(value: Any, hosts: list[str]) -> dict[str, str]:
+    """host -> ssh connection id: one id for every host, or a mapping naming each host."""
+    value = json_text(value, "ssh_conn_id") if isinstance(value, str) else value
+    if isinstance(value, str) and value.strip():
+        return {h: value.strip() for h in hosts}
+    if isinstance(value, Mapping):
+        missing = [h for h in hosts if not str(value.get(h, "")).strip()]
+        if missing:
+            raise ValueError(f"ssh_conn_id names no connection for host(s) {', '.join(missing)}")
+        return {h: str(value[h]).strip() for h in hosts}
+    raise ValueError(f"ssh_conn_id must be a connection id or a mapping host -> id, got "
+                     f"{value!r}")
+
+
+def launcher_name(value: Any) -> str:
+    name = str(value or "ssh").strip()
+    if name == "mpirun":
+        raise ValueError("launcher 'mpirun' is not available yet (issue 11); use 'ssh'")
+    if name not in LAUNCHERS:
+        raise ValueError(f"launcher must be one of {', '.join(LAUNCHERS)}, got {value!r}")
+    return name
+
+
+def base_port(value: Any, nproc: int) -> int | None:
+    if value is None or (isinstance(value, str) and value.strip() in ("", "None", "null")):
+        return None
+    port = positive_int(value, "base_port")
+    if port < 1024 or port + nproc - 1 > 65535:
+        raise ValueError(f"base_port {port}: the ranks' ports {port}..{port + nproc - 1} must "
+                         f"lie in 1024..65535")
+    return port
+
+
+def how(exit_code: int) -> str:
+    """``exit code 137 (128+9: SIGKILL)``, as a shell reports a process a signal ended."""
+    if 128 < exit_code <= 128 + 64:
+        try:
+            name = signal.Signals(exit_code - 128).name
+        except ValueError:
+            name = f"signal {exit_code - 128}"
+        return f"exit code {exit_code} (128+{exit_code - 128}: {name})"
+    return f"exit code {exit_code}"
+
+
+def log_tail(log_dir: Path, rank: int, lines: int = 20) -> list[str]:
+    path = log_dir / f"workerlog.{rank}"
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(f.tell() - 64 * 1024, 0))
+            text = f.read().decode(errors="replace")
+    except OSError as exc:
+        return [f"(cannot read {path}: {exc.strerror})"]
+    return text.splitlines()[-lines:]

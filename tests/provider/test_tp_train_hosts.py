@@ -1,0 +1,224 @@
+"""TPTrainOperator with ``hosts`` (issue 11, ``launcher="ssh"``) on hosts that are real
+hosts (tests/hosts.py: own network, PID, mount and IPC namespaces, own sshd, Debian's
+python3 + numpy): the runtime shipped, one launcher agent per host, mp=2 inside each host
+over shared memory and dp=2 across hosts over TCP; the per-step losses equal one process's;
+a rank failing on the second host fails the task naming that host; on_kill and a SIGKILLed
+task process leave no process and no segment on any host; a retry resumes on every host.
+
+``execute()`` runs in-process with a minimal context, as test_tp_train_operator.py does."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import uuid
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
+from ringflow.train.metrics import parse_train_line
+from ringflow_provider.operators.tp_train import TPTrainOperator
+from tests.provider.conftest import REPO, wait_until
+from tests.provider.test_poprun_operator import RecordingLog
+
+pytestmark = [pytest.mark.ssh, pytest.mark.multiproc, pytest.mark.slow]
+MLP = {"input_size": 8, "hidden_size": 16, "num_classes": 4}
+
+
+@pytest.fixture
+def two_hosts(ns_hosts, ns_conns):
+    """The first two namespace hosts, their connection ids; nothing of a job may be left on
+    any host afterwards (checked inside each host's namespaces)."""
+    hosts = [h.address for h in list(ns_hosts)[:2]]
+    yield hosts, dict(zip(hosts, ns_conns[:2]))
+    for host in list(ns_hosts)[:2]:
+        wait_until(lambda host=host: not host.leftovers(), 20,
+                   f"{host.address}: every process of the job to end")
+        assert host.shm_entries() == []
+
+
+def ctx(run_id: str, try_number: int = 1) -> dict:
+    return {"ti": SimpleNamespace(dag_id="tp_hosts", task_id="train", run_id=run_id,
+                                  try_number=try_number)}
+
+
+def make(two_hosts, **overrides):
+    hosts, conns = two_hosts
+    args = dict(task_id="train", hosts=hosts, ssh_conn_id=conns, python="/usr/bin/python3",
+                model="mlp", model_args=MLP, dtype="float64", steps=10, log_every=1,
+                global_batch_size=8, seed=3, tensor_parallel_degree=2, nproc_per_host=2,
+                optimizer={"type": "adam", "learning_rate": 0.01}, checkpoint_every=5)
+    args.update(overrides)
+    op = TPTrainOperator(**args)
+    op._cached_logger = RecordingLog()
+    return op
+
+
+def log_text(op) -> str:
+    return "\n".join(message for _, message in op.log.records)
+
+
+def serial_losses(tmp_path: Path, **spec) -> dict[int, float]:
+    """The same job in one local process (`ringflow train`), its per-step losses."""
+    path = tmp_path / "serial.json"
+    path.write_text(json.dumps({**spec, "tensor_parallel_degree": 1, "checkpoint_dir": None}))
+    out = subprocess.run([str(Path(sys.executable).parent / "ringflow"), "train", str(path)],
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    metrics = [parse_train_line(line) for line in out.stdout.splitlines()]
+    return {m[1]["step"]: m[1]["loss"] for m in metrics if m and m[0] == "metric"}
+
+
+def test_two_hosts_train_like_one_process(two_hosts, tmp_path):
+    op = make(two_hosts)
+    summary = op.execute(ctx(f"run-{uuid.uuid4().hex[:8]}"))
+    hosts = two_hosts[0]
+    assert (summary["world_size"], summary["mp_degree"], summary["dp_degree"]) == (4, 2, 2)
+    assert summary["hosts"] == hosts and summary["steps"] == 10
+    losses = dict(summary["loss_history"])
+    want = serial_losses(tmp_path, model="mlp", model_args=MLP, dtype="float64", steps=10,
+                         log_every=1, global_batch_size=8, seed=3,
+                         optimizer={"type": "adam", "learning_rate": 0.01})
+    np.testing.assert_allclose([losses[s] for s in range(1, 11)],
+                               [want[s] for s in range(1, 11)], rtol=1e-10)
+    text = log_text(op)
+    assert "runtime uploaded at" in text or "runtime reused at" in text
+    for rank in range(4):    # every rank says where it runs, tagged with its host
+        assert f"[{hosts[rank // 2]}/rank {rank}] [train] rank {rank} of 4 starts on host " \
+            f"{rank // 2} " in text
+    assert f"[{hosts[0]}/launch] " in text and f"launcher on {hosts[1]}: all 2 ranks" in text
+    assert summary["checkpoint"].startswith("/root/.ringflow/checkpoints/tp_hosts/")
+    assert summary["checkpoint"].endswith("/train/step-00000010")
+
+
+def test_a_rank_failing_on_the_second_host_fails_the_task_naming_that_host(
+        two_hosts, ns_hosts, tmp_path):
+    """The data file exists on the first host only: the second host's ranks cannot read it
+    (a spec the job refuses: not retried)."""
+    data = "/root/tp-hosts-data.npz"
+    first = ns_hosts[0]
+    first.run(["/usr/bin/python3", "-c",
+               "import numpy as np; r = np.random.default_rng(0); "
+               f"np.savez('{data}', x=r.standard_normal((64, 8)), y=r.integers(0, 4, 64))"])
+    op = make(two_hosts, data=data)
+    with pytest.raises(AirflowFailException) as err:
+        op.execute(ctx(f"run-{uuid.uuid4().hex[:8]}"))
+    message = str(err.value)
+    second = two_hosts[0][1]
+    assert message.startswith("training failed: rank ") and f" on host {second} " in message
+    assert "tp-hosts-data.npz" in message and "(not retried:" in message
+    first.run(["rm", "-f", data])
+
+
+def run_in_thread(op, context):
+    outcome: dict = {}
+
+    def target():
+        try:
+            outcome["result"] = op.execute(context)
+        except BaseException as exc:
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    return thread, outcome
+
+
+def long_job(two_hosts, **overrides):
+    args = dict(steps=100000, checkpoint_every=5, dtype="float32",
+                model_args={**MLP, "hidden_size": 256}, global_batch_size=256)
+    return make(two_hosts, **{**args, **overrides})
+
+
+def test_on_kill_stops_every_agent_and_a_retry_resumes_on_every_host(two_hosts):
+    run_id = f"run-{uuid.uuid4().hex[:8]}"
+    op = long_job(two_hosts)
+    thread, outcome = run_in_thread(op, ctx(run_id))
+    wait_until(lambda: "step 12/" in log_text(op), 120, "training to pass step 12")
+    started = time.monotonic()
+    op.on_kill()
+    assert time.monotonic() - started < 2.5
+    thread.join(30)
+    assert "was killed (on_kill)" in str(outcome["error"])
+    retry = long_job(two_hosts, steps=60)
+    # the first try's agents may still be stopping: the retry's launch stops what is left
+    summary = retry.execute(ctx(run_id, try_number=2))
+    resumed = summary["resumed_from"]
+    assert resumed is not None and resumed >= 10 and resumed % 5 == 0
+    assert summary["loss_history"][0][0] == resumed + 1 and summary["steps"] == 60
+    assert f"resuming from step {resumed}" in log_text(retry)
+
+
+def test_sigkill_of_the_task_process_stops_every_agent(two_hosts, ns_hosts, tmp_path):
+    hosts, conns = two_hosts
+    script = tmp_path / "task.py"
+    script.write_text(textwrap.dedent(f"""
+        from types import SimpleNamespace
+        from ringflow_provider.operators.tp_train import TPTrainOperator
+
+        class Echo:
+            def _say(self, msg, *args, **kwargs):
+                print(msg % args if args else msg, flush=True)
+            debug = info = warning = error = exception = _say
+
+        op = TPTrainOperator(task_id="train", hosts={hosts!r}, ssh_conn_id={conns!r},
+                             python="/usr/bin/python3", model="mlp", steps=100000,
+                             log_every=1, model_args={{"hidden_size": 256}},
+                             tensor_parallel_degree=2, checkpoint_dir=None)
+        op._cached_logger = Echo()
+        op.execute({{"ti": SimpleNamespace(dag_id="d", task_id="train", run_id="r-sigkill",
+                                          try_number=1)}})
+        """))
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, cwd=REPO,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        deadline, seen = time.monotonic() + 120, []
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            seen.append(line)
+            if line.startswith("step 3/"):
+                break
+        else:
+            pytest.fail("no progress line:\n" + "".join(seen[-30:]))
+
+        assert all(ns_hosts[i].leftovers() for i in range(2))   # the job runs on both
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    # the agents' stdin (the SSH channel) ends with the task process: they stop their ranks
+    for i in range(2):
+        wait_until(lambda i=i: not ns_hosts[i].leftovers(), 15,
+                   f"{hosts[i]}: the agent and its ranks to stop after the SIGKILL")
+
+
+
+def test_hosts_and_connections_are_checked_before_anything_starts(two_hosts):
+    hosts = two_hosts[0]
+    for overrides, message in [
+        ({"hosts": f"{hosts[0]},{hosts[0]}"}, "appears more than once"),
+        ({"hosts": "10.0.0"}, "neither an IPv4 address"),
+        ({"ssh_conn_id": {hosts[0]: "c"}}, f"names no connection for host(s) {hosts[1]}"),
+        ({"launcher": "mpirun"}, "launcher 'mpirun' is not available yet"),
+        ({"python": "-c"}, "python must be an interpreter's name or path"),
+        ({"global_batch_size": 7}, "global_batch_size 7 is not divisible by the "
+                                   "data-parallel degree 2"),
+        ({"base_port": 80}, "must lie in 1024..65535"),
+    ]:
+        with pytest.raises(AirflowFailException, match=None) as err:
+            make(two_hosts, **overrides).execute(ctx("bad"))
+        assert message in str(err.value), (overrides, str(err.value))
+    with pytest.raises(AirflowException, match="preflight failed"):
+        make(two_hosts, python="/usr/bin/no-such-python").execute(ctx("nopy"))
