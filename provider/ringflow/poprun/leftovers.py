@@ -1,0 +1,112 @@
+"""Finding and stopping this host's processes of a PopRun job that outlived mpirun.
+
+mpirun gives each instance on its own host a process group of its own and leaves them
+running when it dies abruptly (SIGKILL; or SIGTERM while its output pipe is gone, which
+kills mpirun by SIGPIPE before it stops anyone). Every instance, and everything an instance
+starts, carries the job token in its environment (mpirun exports it): that, not a pid list
+built while they start, finds them all, even one started a moment before a SIGKILL.
+
+`Watchdog` starts `python -m ringflow.poprun.watchdog`, which stops them if ringflow-poprun
+itself is SIGKILLed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+from ringflow.errors import LaunchError
+from ringflow.launch.processes import scan_processes
+
+__all__ = ["Watchdog", "ancestors", "job_processes", "stop_processes"]
+
+TOKEN_VAR = "RINGFLOW_JOB_TOKEN"
+PROC = Path("/proc")
+KILL_WAIT_S = 5.0
+
+
+def ancestors(pid: int | None = None) -> set[int]:
+    """`pid` (default: this process) and every process above it."""
+    parents = {p: ppid for p, _, ppid, _ in scan_processes()}
+    chain, current = set(), os.getpid() if pid is None else pid
+    while current > 0 and current not in chain:
+        chain.add(current)
+        current = parents.get(current, 0)
+    return chain
+
+
+def job_processes(token: str, exclude: Iterable[int] = ()) -> list[int]:
+    """Live processes of this user whose environment holds the job's token."""
+    needle = f"{TOKEN_VAR}={token}".encode() + b"\0"
+    skip, uid, found = set(exclude), os.getuid(), []
+    for pid, state, _, _ in scan_processes():
+        if pid in skip or state in ("Z", "X"):
+            continue
+        entry = PROC / str(pid)
+        try:
+            if entry.stat().st_uid != uid:
+                continue
+            environ = (entry / "environ").read_bytes() + b"\0"
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+        if b"\0" + needle in b"\0" + environ:
+            found.append(pid)
+    return found
+
+
+def _alive(pids: Iterable[int]) -> list[int]:
+    state = {pid: s for pid, s, _, _ in scan_processes()}
+    return [pid for pid in pids if state.get(pid, "X") not in ("Z", "X")]
+
+
+def stop_processes(pids: list[int], grace_s: float) -> list[int]:
+    """SIGTERM (and SIGCONT) each, SIGKILL what is left after the grace; returns survivors."""
+    for sig in (signal.SIGTERM, signal.SIGCONT):
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+    for wait_s, then in ((grace_s, signal.SIGKILL), (KILL_WAIT_S, None)):
+        deadline = time.monotonic() + wait_s
+        while (left := _alive(pids)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if then is None or not left:
+            return left
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, then)
+    return _alive(pids)
+
+
+class Watchdog:
+    """ringflow-poprun's end: start the watchdog (its own session, no token in its
+    environment), hand it the token, release it when the job is cleaned up."""
+
+    def __init__(self, token: str, grace_s: float) -> None:
+        env = {k: v for k, v in os.environ.items() if k != TOKEN_VAR}
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "ringflow.poprun.watchdog", str(grace_s)],
+                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, env=env,
+                start_new_session=True)
+            assert self.proc.stdin is not None
+            self.proc.stdin.write(token.encode() + b"\n")
+            self.proc.stdin.flush()
+        except OSError as exc:
+            raise LaunchError(f"cannot start the job watchdog: {exc}") from exc
+
+    def release(self, timeout_s: float = 5.0) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            assert self.proc.stdin is not None
+            self.proc.stdin.write(b"done\n")
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=timeout_s)

@@ -1,0 +1,270 @@
+"""Running one PopRun job on CPU hosts: mpirun started, its output joined into whole tagged
+lines, signals forwarded, the first failing instance named, a failed job's shared memory
+swept on every host.
+
+mpirun does the rest as poprun relies on it to: a non-zero exit or a signal of any instance
+stops all the others, and mpirun's exit code is the first failing instance's.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import IO
+
+from ringflow.errors import ConfigError, LaunchError
+from ringflow.launch.env import JOB_ID_VAR, JOB_TOKEN_VAR, resolve_identity
+from ringflow.poprun.args import PopRunArgs
+from ringflow.poprun.leftovers import Watchdog, ancestors, job_processes, stop_processes
+from ringflow.poprun.mpirun import OutputJoiner, mpirun_argv
+
+__all__ = ["PopRunJob", "topology_lines"]
+
+PREFIX = "ringflow-poprun:"
+STOP_GRACE_S = 15  # mpirun's own TERM-then-KILL takes a few seconds; then we SIGKILL it
+LEFT_GRACE_S = 2  # this host's instances that outlived mpirun: SIGTERM, then SIGKILL
+DRAIN_S = 5  # output still in the pipes after mpirun's exit
+SWEEP_TIMEOUT_S = 30
+_PR_SET_PDEATHSIG = 1
+# mpirun's report of the first failure (Open MPI 4 and 5).
+_FAILED_RANK = re.compile(r"Process name:\s*\[\[\d+,\d+\],(\d+)\]")
+_FAILED_CODE = re.compile(r"Exit code:\s*(-?\d+)")
+_SIGNALLED = re.compile(r"process rank (\d+) with PID \d+ on node (\S+) exited on signal "
+                        r"(\d+)(?: \(([^)]*)\))?")
+_SWEEP = ("import sys\nfrom ringflow.launch.shm import sweep_job_segments\n"
+          "removed = sweep_job_segments(sys.argv[1])\n"
+          "print('removed shm segments ' + ' '.join(removed) if removed else "
+          "'no shm segment of the job left')\n")
+
+
+def topology_lines(args: PopRunArgs) -> list[str]:
+    """--print-topology: which instance runs where with which replicas."""
+    local = args.replicas // args.num_instances
+    lines = [f"{'host':<24} {'instance':>8} {'replicas':>12}"]
+    for instance in range(args.num_instances):
+        first = instance * local
+        replicas = f"{first}" if local == 1 else f"{first}-{first + local - 1}"
+        lines.append(f"{args.host_of(instance):<24} {instance:>8} {replicas:>12}")
+    return lines
+
+
+def _parent_death_sigterm() -> Callable[[], None]:
+    libc = ctypes.CDLL(None, use_errno=True)
+    parent = os.getpid()
+
+    def setup() -> None:
+        # mpirun, told by SIGTERM, stops every instance on every host: so if this process is
+        # SIGKILLed, mpirun still gets the signal it needs to clean up.
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if os.getppid() != parent:
+            os._exit(128 + signal.SIGTERM)
+
+    return setup
+
+
+class PopRunJob:
+    """One run of `args` under mpirun; `run()` returns the exit code.
+
+    mpirun leaves this host's instances running if it dies abruptly (see `leftovers`): any
+    process of the job that outlives mpirun is stopped, and a watchdog stops them if this
+    process itself is SIGKILLed. Instances on other hosts are children of Open MPI's orted
+    there, which ends them when it loses mpirun.
+    """
+
+    def __init__(self, args: PopRunArgs, environ: Mapping[str, str] | None = None,
+                 stdout: IO[str] | None = None, stderr: IO[str] | None = None,
+                 mpirun: str = "mpirun") -> None:
+        self.args = args
+        self.environ = dict(os.environ if environ is None else environ)
+        self.stdout = stdout or sys.stdout
+        self.stderr = stderr or sys.stderr
+        self.mpirun = mpirun
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._signalled: int | None = None
+        self._write_lock = threading.Lock()
+        self._mpirun_said: list[str] = []
+        self._watchdog: Watchdog | None = None
+
+    # output -------------------------------------------------------------------------------
+    def say(self, text: str) -> None:
+        self._write(self.stdout, f"{PREFIX} {text}")
+
+    def _write(self, stream: IO[str], line: str) -> None:
+        with self._write_lock:
+            stream.write(line + "\n")
+            stream.flush()
+
+    def _emitter(self, name: str, stream: IO[str]) -> Callable[[int | None, str], None]:
+        only = self.args.only_output_from_instance
+
+        def emit(instance: int | None, line: str) -> None:
+            if instance is None:
+                if name == "stderr":
+                    self._mpirun_said.append(line)
+                self._write(stream, line)
+            elif only is None or instance == only:
+                self._write(stream, f"[1,{instance}]<{name}>:{line}")
+
+        return emit
+
+    def _pump(self, pipe: IO[bytes], joiner: OutputJoiner) -> None:
+        fd = pipe.fileno()
+        while True:
+            data = os.read(fd, 65536)
+            if not data:
+                break
+            joiner.feed(data)
+        joiner.close()
+
+    # the job ------------------------------------------------------------------------------
+    def run(self) -> int:
+        env = dict(self.environ)
+        identity, warning = resolve_identity(env)
+        if warning:
+            self.say(f"warning: {warning}")
+        env[JOB_ID_VAR], env[JOB_TOKEN_VAR] = identity.job_id, identity.token
+        args = self.args
+        self.say(f"{args.num_instances} instance(s) on {len(args.hosts)} host(s) "
+                 f"({','.join(args.hosts)}, {args.per_host} each), {args.replicas} replica(s); "
+                 f"job {identity.job_id}; Open MPI's mpirun runs them (CPU, no IPUs)")
+        if args.ignored:
+            self.say("IPU-only options accepted and ignored: " + " ".join(args.ignored))
+        if args.print_topology:
+            for line in topology_lines(args):
+                self.say(line)
+        argv = mpirun_argv(args, env, self.mpirun)
+        if args.verbose:
+            self.say("mpirun command: " + " ".join(argv))
+        try:
+            self._watchdog = Watchdog(identity.token, LEFT_GRACE_S)
+        except LaunchError as exc:
+            self.say(f"warning: {exc}; instances here would outlive a SIGKILL of this process")
+        try:
+            code = self._run_mpirun(argv, env)
+        finally:
+            self._stop_leftovers(identity.token)
+        if code != 0:
+            self._report_failure(code)
+            self._sweep(identity.job_id, env)
+        return code
+
+    def _run_mpirun(self, argv: list[str], env: dict[str, str]) -> int:
+        previous = {sig: signal.signal(sig, self._forward)
+                    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+        try:
+            try:
+                self._proc = subprocess.Popen(
+                    argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE, preexec_fn=_parent_death_sigterm())
+            except FileNotFoundError:
+                raise ConfigError(f"{self.mpirun!r} not found: ringflow-poprun runs the "
+                                  "instances with Open MPI's mpirun (Debian: apt install "
+                                  "openmpi-bin)") from None
+            assert self._proc.stdout is not None and self._proc.stderr is not None
+            pumps = [threading.Thread(target=self._pump, daemon=True, args=(
+                pipe, OutputJoiner(self._emitter(name, stream))))
+                for pipe, name, stream in ((self._proc.stdout, "stdout", self.stdout),
+                                           (self._proc.stderr, "stderr", self.stderr))]
+            for pump in pumps:
+                pump.start()
+            code = self._wait()
+            deadline = time.monotonic() + DRAIN_S
+            for pump in pumps:
+                pump.join(max(0.0, deadline - time.monotonic()))
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        if code < 0:
+            code = 128 - code
+        if self._signalled is not None:
+            self.say(f"stopped by signal {signal.Signals(self._signalled).name}; mpirun "
+                     f"stopped every instance")
+            return 128 + self._signalled
+        return code
+
+    def _wait(self) -> int:
+        proc = self._proc
+        assert proc is not None
+        stop_by: float | None = None
+        while True:
+            try:
+                return proc.wait(timeout=0.2)
+            except subprocess.TimeoutExpired:
+                pass
+            if self._signalled is not None and stop_by is None:
+                stop_by = time.monotonic() + STOP_GRACE_S
+            if stop_by is not None and time.monotonic() > stop_by:
+                self.say(f"mpirun did not stop within {STOP_GRACE_S} s of SIGTERM: SIGKILL")
+                proc.kill()
+                return proc.wait(timeout=STOP_GRACE_S)
+
+    def _stop_leftovers(self, token: str) -> None:
+        left = job_processes(token, exclude=ancestors())
+        if left:
+            self.say(f"{len(left)} process(es) of the job outlived mpirun here: stopping them")
+            survivors = stop_processes(left, LEFT_GRACE_S)
+            if survivors:
+                self.say(f"processes still alive after SIGKILL: {survivors}")
+        if self._watchdog is not None:
+            self._watchdog.release()
+
+    def _forward(self, signum: int, _frame: object) -> None:
+        if self._signalled is None:
+            self._signalled = signum
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.send_signal(signal.SIGTERM)  # mpirun: TERM to all, then KILL
+
+    # after a failure ----------------------------------------------------------------------
+    def _report_failure(self, code: int) -> None:
+        if self._signalled is not None:
+            return
+        said = "\n".join(self._mpirun_said)
+        rank, exit_code = _FAILED_RANK.search(said), _FAILED_CODE.search(said)
+        signalled = _SIGNALLED.search(said)
+        if rank and exit_code:
+            instance = int(rank.group(1))
+            self.say(f"instance {instance} on {self.args.host_of(instance)} failed first with "
+                     f"exit code {exit_code.group(1)}; every instance was stopped")
+        elif signalled:
+            instance = int(signalled.group(1))
+            what = signalled.group(4) or f"signal {signalled.group(3)}"
+            self.say(f"instance {instance} on {signalled.group(2)} was ended by signal "
+                     f"{signalled.group(3)} ({what}); every instance was stopped")
+        elif code > 128:
+            self.say(f"mpirun was ended by signal {code - 128} "
+                     f"({signal.Signals(code - 128).name})" if code - 128 in
+                     signal.Signals._value2member_map_ else f"mpirun exited with code {code}")
+        else:
+            self.say(f"mpirun exited with code {code}")
+
+    def _sweep(self, job_id: str, env: dict[str, str]) -> None:
+        """Remove the job's shared memory that killed ringflow workers left, on every host
+        (one process per host, under mpirun); best effort, within SWEEP_TIMEOUT_S."""
+        hosts = ",".join(f"{host}:1" for host in self.args.hosts)
+        argv = [self.mpirun, *(["--allow-run-as-root"] if os.geteuid() == 0 else []),
+                "--tag-output", "--bind-to", "none", *self.args.mpi_global_args,
+                "-np", str(len(self.args.hosts)), "-H", hosts, "--map-by", "node",
+                *(part for name in ("PATH", "PYTHONPATH") if name in env
+                  for part in ("-x", name)),
+                sys.executable, "-c", _SWEEP, job_id]
+        try:
+            done = subprocess.run(argv, env=env, stdin=subprocess.DEVNULL, capture_output=True,
+                                  text=True, timeout=SWEEP_TIMEOUT_S)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            self.say(f"shm sweep of job {job_id} on the hosts did not finish: {exc}")
+            return
+        for line in done.stdout.splitlines():
+            match = re.match(r"\[\d+,(\d+)\]<stdout>:(.*)", line)
+            if match:
+                self.say(f"shm sweep on {self.args.hosts[int(match.group(1))]}: "
+                         f"{match.group(2)}")
+        if done.returncode:
+            tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+            self.say(f"shm sweep of job {job_id} failed (exit {done.returncode}): {tail}")
