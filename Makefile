@@ -18,15 +18,16 @@ venv: $(STAMP)
 
 # System packages the tests need, each installed only when missing: the OpenSSH server (the
 # SSH tests start their own sshd), Debian's python3-numpy (the namespace test hosts run the
-# runtime on /usr/bin/python3, not on .venv, so the numpy floor is tested for real) and
-# Debian's Chromium (the e2e tests drive /usr/bin/chromium with Playwright; no browser
-# download): about 20 s and 370 MB on a fresh machine.
+# runtime on /usr/bin/python3, not on .venv, so the numpy floor is tested for real), Open
+# MPI's mpirun (openmpi-bin: ringflow-poprun runs PopRun instances with it) and Debian's
+# Chromium (the e2e tests drive /usr/bin/chromium with Playwright; no browser download).
 sysdeps:
 	@debs=""; browser=""; \
 	if [ ! -x /usr/sbin/sshd ] || ! command -v ssh-keygen >/dev/null; then \
 		debs="openssh-server openssh-client"; \
 	fi; \
 	if ! /usr/bin/python3 -c 'import numpy' 2>/dev/null; then debs="$$debs python3-numpy"; fi; \
+	if ! command -v mpirun >/dev/null; then debs="$$debs openmpi-bin"; fi; \
 	if [ ! -x /usr/bin/chromium ]; then browser="chromium"; fi; \
 	if [ -n "$$debs$$browser" ]; then \
 		echo "installing $$debs $$browser"; \
@@ -57,10 +58,10 @@ demo: $(STAMP)
 	@$(DEMO_ENV) $(PY) scripts/demo_summary.py ringflow_tp_train train
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check provider tests benchmarks dags scripts
+	$(VENV)/bin/ruff check provider tests benchmarks dags scripts examples
 
 test: sysdeps $(STAMP)
-	$(VENV)/bin/ruff check provider tests benchmarks dags scripts
+	$(VENV)/bin/ruff check provider tests benchmarks dags scripts examples
 	$(PY) -m pytest
 
 # Benchmarks (not tests). The training step compares against PyTorch, which is installed
@@ -72,7 +73,7 @@ bench-train: $(STAMP)
 
 # Open MPI is an all-reduce anchor (through mpi4py in the benchmark venv).
 bench-sysdeps:
-	@if ! command -v mpirun >/dev/null; then \
+	@if ! command -v mpirun >/dev/null || ! command -v mpicc >/dev/null; then \
 		echo "installing openmpi-bin and libopenmpi-dev"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
 			openmpi-bin libopenmpi-dev >/dev/null; \

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import itertools
 import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -24,8 +26,9 @@ from pathlib import Path
 import pytest
 
 from ringflow.errors import ConfigError
-from ringflow.poprun import OutputJoiner, mpirun_argv, parse_poprun_args
+from ringflow.poprun import OutputJoiner, PopRunJob, mpirun_argv, parse_poprun_args
 from ringflow.poprun.args import HelpRequested
+from ringflow.poprun.mpirun import EXIT_LINE, INSTANCE_SH, RANK_EXIT_LINE
 from ringflow_provider.poprun import build_poprun_argv, parse_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -144,7 +147,34 @@ def test_one_app_context_per_instance_on_its_host_with_its_env():
         "POPDIST_REPLICA_INDEX_OFFSET": "6", "POPDIST_LOCAL_INSTANCE_INDEX": "1"}
     assert env["IPUOF_VIPU_API_PARTITION_ID"] == "pod16"
     assert env["IPUOF_VIPU_API_HOST"] == "10.0.0.9"
-    assert ctxs[3][-4:] == ["python3", "train.py", "--lr", "0.1"]
+    assert ctxs[3][-8:] == ["sh", "-c", INSTANCE_SH, "ringflow-poprun-instance", "python3",
+                            "train.py", "--lr", "0.1"]
+
+
+def test_the_instance_sh_reports_its_programs_exit_code_and_time_and_exits_with_it():
+    done = subprocess.run(["sh", "-c", INSTANCE_SH, "x", sys.executable, "-c",
+                           "import sys; print('out'); sys.exit(6)"],
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 6 and done.stdout == "out\n"
+    reported = EXIT_LINE.match(done.stderr.strip())
+    assert reported and reported.group(1) == "6"
+    assert abs(float(reported.group(2)) - time.time()) < 60
+
+
+def test_the_first_failure_by_the_instances_clocks_wins_over_mpiruns_order():
+    """mpirun names instance 0 (beside it) first; instance 3 (remote) ended 40 ms earlier."""
+    job = PopRunJob(parse_poprun_args(["--num-instances=4", "--host=a,b", "p"]),
+                    stdout=io.StringIO(), stderr=io.StringIO())
+    emit = job._emitter("stderr", job.stderr)
+    emit(0, "ringflow-poprun-exit 1 1000.050")
+    emit(None, "  Process name: [[77,1],0]")
+    emit(None, "  Exit code:    1")
+    emit(3, "ringflow-poprun-exit 3 1000.010")
+    emit(1, "ringflow-poprun-exit 0 1000.000")
+    assert job._first_failure(1) == 3
+    assert job.stdout.getvalue() == ("ringflow-poprun: instance 3 on b failed first with "
+                                     "exit code 3; every instance was stopped\n")
+    assert "ringflow-poprun-exit" not in job.stderr.getvalue()  # consumed, not shown
 
 
 def test_the_token_is_exported_bare_never_as_a_value():
@@ -411,3 +441,63 @@ def test_instances_that_outlive_a_sigkilled_mpirun_are_stopped(mpirun, marker):
     assert job.returncode == 128 + signal.SIGKILL
     assert "of the job outlived mpirun here: stopping them" in out
     assert wait_gone(marker) == {}
+
+
+@pytest.mark.multiproc
+def test_a_job_id_on_the_command_line_is_the_jobs_and_the_token_from_the_env_is_kept(mpirun):
+    env = {k: v for k, v in os.environ.items() if k != "RINGFLOW_JOB_ID"}
+    token = JOB_ENV["RINGFLOW_JOB_TOKEN"]
+    out = subprocess.run([*POPRUN, "--num-instances=2", "--mpi-local-args=-x RINGFLOW_JOB_ID="
+                          "from_argv -x RINGFLOW_JOB_TOKEN", sys.executable, "-c", _SHOW_ENV],
+                         capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+                         env={**env, "RINGFLOW_JOB_TOKEN": token,
+                              "PYTHONPATH": str(REPO / "provider")})
+    assert out.returncode == 0, out.stderr
+    seen = instance_json(out.stdout)
+    digest = hashlib.sha256(token.encode()).hexdigest()
+    assert [(s["job_id"], s["token_sha"]) for s in seen.values()] == [("from_argv", digest)] * 2
+    assert "; job from_argv; " in out.stdout and "warning" not in out.stdout
+
+
+# Two ringflow workers; rank 1 fails after a collective.
+_RING_WORKER = """import os, sys
+import numpy as np
+import ringflow.distributed as dist
+dist.init_parallel_env()
+x = np.ones(4)
+dist.all_reduce(x)
+print("reduced", x[0], flush=True)
+if dist.get_rank() == 1:
+    sys.exit(4)
+dist.all_reduce(x)
+"""
+
+
+@pytest.mark.multiproc
+def test_ringflow_workers_report_when_they_begin_to_exit_and_the_cause_is_named(mpirun):
+    with contextlib.ExitStack() as stack:  # two free ports
+        socks = [stack.enter_context(socket.socket()) for _ in range(2)]
+        for sock in socks:
+            sock.bind(("127.0.0.1", 0))
+        ports = ",".join(f"127.0.0.1:{s.getsockname()[1]}" for s in socks)
+    out = poprun(["--num-instances=2", f"--mpi-local-args=-x PADDLE_TRAINERS_NUM=2 -x "
+                  f"PADDLE_TRAINER_ENDPOINTS={ports}",
+                  "--instance-mpi-local-args=0:-x PADDLE_TRAINER_ID=0",
+                  "--instance-mpi-local-args=1:-x PADDLE_TRAINER_ID=1",
+                  sys.executable, "-c", _RING_WORKER], env=JOB_ENV)
+    assert out.returncode == 4, out.stderr
+    assert sorted(line for line in out.stdout.splitlines() if "reduced" in line) == [
+        "[1,0]<stdout>:reduced 2.0", "[1,1]<stdout>:reduced 2.0"]
+    assert "ringflow-poprun: instance 1 on localhost failed first with exit code 4" in out.stdout
+    assert "ringflow-exit-time" not in out.stdout + out.stderr  # consumed by ringflow-poprun
+
+
+def test_a_worker_reports_its_exit_time_only_when_asked():
+    script = ("import ringflow.distributed.collective.registry as r\n"
+              "r._rings[0] = type('Ring', (), {'close': lambda self, goodbye: None})()")
+    env = {**os.environ, "PYTHONPATH": str(REPO / "provider")}
+    asked = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                           env={**env, "RINGFLOW_REPORT_EXIT_TIME": "1"}, timeout=30)
+    quiet = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                           env=env, timeout=30)
+    assert RANK_EXIT_LINE.match(asked.stderr.strip()) and quiet.stderr == ""

@@ -16,20 +16,36 @@ from collections.abc import Callable, Mapping, Sequence
 
 from ringflow.poprun.args import PopRunArgs
 
-__all__ = ["OutputJoiner", "exported_names", "instance_env", "mpirun_argv"]
+__all__ = ["EXIT_LINE", "RANK_EXIT_LINE", "OutputJoiner", "exported_names", "exported_values",
+           "instance_env", "mpirun_argv"]
 
 # Exported from poprun's own environment to every instance, as poprun does, when set.
 PASS_THROUGH = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH")
 JOB_VARS = ("RINGFLOW_JOB_ID", "RINGFLOW_JOB_TOKEN")
+# Each instance runs under this POSIX sh, which reports its program's exit code and the time
+# (the host's clock) on the instance's stderr: mpirun names the first exit IT sees, and an
+# instance beside it that fails because a remote peer died is seen before that peer's exit
+# crosses the network. A signal that ends the instance ends the sh too (mpirun signals the
+# instance's process group): a stopped instance reports nothing.
+EXIT_MARK = "ringflow-poprun-exit"
+INSTANCE_SH = ('"$@"; code=$?; printf "%s %s %s\\n" ' + EXIT_MARK +
+               ' "$code" "$(date +%s.%N)" >&2; exit "$code"')
+EXIT_LINE = re.compile(rf"^{EXIT_MARK} (\d+) (\d+(?:\.\d+)?)$")
+# A ringflow worker's own line, printed as it begins to exit, before its rings close (so
+# before any peer can fail because of it): with RINGFLOW_REPORT_EXIT_TIME=1 in its env.
+RANK_EXIT_LINE = re.compile(r"^ringflow-exit-time (\d+(?:\.\d+)?)$")
 
 
 def exported_names(options: Sequence[str]) -> set[str]:
     """The variables that mpirun options export (`-x NAME` or `-x NAME=VALUE`)."""
-    names = set()
-    for flag, item in itertools.pairwise(options):
-        if flag == "-x":
-            names.add(item.partition("=")[0])
-    return names
+    return {item.partition("=")[0] for flag, item in itertools.pairwise(options)
+            if flag == "-x"}
+
+
+def exported_values(options: Sequence[str]) -> dict[str, str]:
+    """The variables that mpirun options define (`-x NAME=VALUE`), with their values."""
+    return {name: value for flag, item in itertools.pairwise(options) if flag == "-x"
+            for name, eq, value in [item.partition("=")] if eq}
 
 
 def instance_env(args: PopRunArgs, instance: int, vipu: Mapping[str, str]) -> dict[str, str]:
@@ -85,7 +101,9 @@ def mpirun_argv(args: PopRunArgs, environ: Mapping[str, str], mpirun: str = "mpi
             argv += ["-x", name]
         for name, value in own.items():
             argv += ["-x", f"{name}={value}"]
-        argv += args.program
+        if "RINGFLOW_REPORT_EXIT_TIME" not in taken:
+            argv += ["-x", "RINGFLOW_REPORT_EXIT_TIME=1"]
+        argv += ["sh", "-c", INSTANCE_SH, "ringflow-poprun-instance", *args.program]
     return argv
 
 

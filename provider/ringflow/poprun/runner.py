@@ -23,7 +23,13 @@ from ringflow.errors import ConfigError, LaunchError
 from ringflow.launch.env import JOB_ID_VAR, JOB_TOKEN_VAR, resolve_identity
 from ringflow.poprun.args import PopRunArgs
 from ringflow.poprun.leftovers import Watchdog, ancestors, job_processes, stop_processes
-from ringflow.poprun.mpirun import OutputJoiner, mpirun_argv
+from ringflow.poprun.mpirun import (
+    EXIT_LINE,
+    RANK_EXIT_LINE,
+    OutputJoiner,
+    exported_values,
+    mpirun_argv,
+)
 
 __all__ = ["PopRunJob", "topology_lines"]
 
@@ -42,6 +48,20 @@ _SWEEP = ("import sys\nfrom ringflow.launch.shm import sweep_job_segments\n"
           "removed = sweep_job_segments(sys.argv[1])\n"
           "print('removed shm segments ' + ' '.join(removed) if removed else "
           "'no shm segment of the job left')\n")
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return f"signal {number} ({signal.Signals(number).name})"
+    except ValueError:
+        return f"signal {number}"
+
+
+def _how(exit_code: int) -> str:
+    """An exit code as a person reads it; sh reports a program ended by signal N as 128+N."""
+    if 128 < exit_code < 128 + 65:
+        return f"exit code {exit_code} (ended by {_signal_name(exit_code - 128)})"
+    return f"exit code {exit_code}"
 
 
 def topology_lines(args: PopRunArgs) -> list[str]:
@@ -91,6 +111,8 @@ class PopRunJob:
         self._write_lock = threading.Lock()
         self._mpirun_said: list[str] = []
         self._watchdog: Watchdog | None = None
+        self._exits: list[tuple[float, int, int]] = []
+        self._began_exit: dict[int, float] = {}
 
     # output -------------------------------------------------------------------------------
     def say(self, text: str) -> None:
@@ -105,6 +127,16 @@ class PopRunJob:
         only = self.args.only_output_from_instance
 
         def emit(instance: int | None, line: str) -> None:
+            if instance is not None and name == "stderr":
+                reported = EXIT_LINE.match(line)
+                if reported:  # the instance's sh: (exit time, instance, exit code)
+                    self._exits.append((float(reported.group(2)), instance,
+                                        int(reported.group(1))))
+                    return
+                began = RANK_EXIT_LINE.match(line)
+                if began:  # a ringflow worker about to close its rings
+                    self._began_exit.setdefault(instance, float(began.group(1)))
+                    return
             if instance is None:
                 if name == "stderr":
                     self._mpirun_said.append(line)
@@ -126,6 +158,9 @@ class PopRunJob:
     # the job ------------------------------------------------------------------------------
     def run(self) -> int:
         env = dict(self.environ)
+        given_id = exported_values(self.args.mpi_local_args).get(JOB_ID_VAR)
+        if given_id:  # the job's id on the command line (PopRunOperator's ringflow_job)
+            env[JOB_ID_VAR] = given_id
         identity, warning = resolve_identity(env)
         if warning:
             self.say(f"warning: {warning}")
@@ -151,7 +186,7 @@ class PopRunJob:
         finally:
             self._stop_leftovers(identity.token)
         if code != 0:
-            self._report_failure(code)
+            code = self._first_failure(code)
             self._sweep(identity.job_id, env)
         return code
 
@@ -222,27 +257,36 @@ class PopRunJob:
             self._proc.send_signal(signal.SIGTERM)  # mpirun: TERM to all, then KILL
 
     # after a failure ----------------------------------------------------------------------
-    def _report_failure(self, code: int) -> None:
+    def _first_failure(self, code: int) -> int:
+        """Name the instance that failed first and return the job's exit code: its code.
+        First by the hosts' clocks, not by the order mpirun heard of the exits: when a
+        ringflow worker began to exit (before its peers could notice), else when the
+        instance's sh saw it end; mpirun's own report when no instance's came."""
         if self._signalled is not None:
-            return
+            return code
+        failed = sorted((min(t, self._began_exit.get(i, t)), i, c)
+                        for t, i, c in self._exits if c != 0)
+        if failed:
+            _, instance, exit_code = failed[0]
+            self.say(f"instance {instance} on {self.args.host_of(instance)} failed first with "
+                     f"{_how(exit_code)}; every instance was stopped")
+            return exit_code
         said = "\n".join(self._mpirun_said)
         rank, exit_code = _FAILED_RANK.search(said), _FAILED_CODE.search(said)
         signalled = _SIGNALLED.search(said)
         if rank and exit_code:
             instance = int(rank.group(1))
             self.say(f"instance {instance} on {self.args.host_of(instance)} failed first with "
-                     f"exit code {exit_code.group(1)}; every instance was stopped")
+                     f"{_how(int(exit_code.group(1)))}; every instance was stopped")
         elif signalled:
             instance = int(signalled.group(1))
-            what = signalled.group(4) or f"signal {signalled.group(3)}"
-            self.say(f"instance {instance} on {signalled.group(2)} was ended by signal "
-                     f"{signalled.group(3)} ({what}); every instance was stopped")
+            self.say(f"instance {instance} on {signalled.group(2)} was ended by "
+                     f"{_signal_name(int(signalled.group(3)))}; every instance was stopped")
         elif code > 128:
-            self.say(f"mpirun was ended by signal {code - 128} "
-                     f"({signal.Signals(code - 128).name})" if code - 128 in
-                     signal.Signals._value2member_map_ else f"mpirun exited with code {code}")
+            self.say(f"mpirun was ended by {_signal_name(code - 128)}")
         else:
             self.say(f"mpirun exited with code {code}")
+        return code
 
     def _sweep(self, job_id: str, env: dict[str, str]) -> None:
         """Remove the job's shared memory that killed ringflow workers left, on every host

@@ -17,7 +17,7 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 from pydantic import TypeAdapter
 
-from ringflow.errors import RingflowError
+from ringflow.errors import LaunchError, RingflowError
 from ringflow_provider.hooks.multi_ssh import MultiHostSSHHook
 from ringflow_provider.jobs.masking import Secrets
 from ringflow_provider.jobs.ssh import ON_KILL_BUDGET_S, SSHJob
@@ -37,8 +37,12 @@ from ringflow_provider.remote_job import (
     find_executable_command,
     sweep_command,
 )
+from ringflow_provider.shipping import prepare_hosts
 
-__all__ = ["ON_KILL_BUDGET_S", "PopRunOperator"]
+__all__ = ["CPU_POPRUN", "ON_KILL_BUDGET_S", "PopRunOperator"]
+
+# poprun=CPU_POPRUN: ringflow's CPU poprun (`ringflow.poprun`) from the shipped runtime.
+CPU_POPRUN = "ringflow-poprun"
 
 _BOOL = TypeAdapter(bool)
 
@@ -93,7 +97,10 @@ class PopRunOperator(BaseOperator):
     :param ringflow_job: the instances are ringflow workers: a job id (``-x
         RINGFLOW_JOB_ID=<id>``) and a job token (secret, a bare ``-x RINGFLOW_JOB_TOKEN``)
         are made per try, so the instances can rendezvous; default False (templated)
-    :param poprun: the poprun executable on the launch host, default ``poprun`` (templated)
+    :param poprun: the poprun executable on the launch host, default ``poprun``; with
+        ``ringflow-poprun`` the job runs on CPU hosts: the ringflow runtime is shipped to
+        every host and ``<python> -m ringflow.poprun`` (Open MPI's mpirun underneath) runs
+        the same command line (templated)
     :param ssh_conn_id: an ``ssh`` connection whose credentials reach every host (templated)
     :param launch_host: where poprun runs; default the first host (templated)
     :param preflight: check every host over SSH and poprun on the launch host first
@@ -301,7 +308,10 @@ class PopRunOperator(BaseOperator):
 
     def _run(self, context: Any, config: PopRunConfig, argv: list[str], launch_host: str,
              hidden: dict[str, str]) -> tuple[int, list[str]]:
-        if self.preflight:
+        env = config.plain_env()
+        if config.poprun == CPU_POPRUN:
+            argv, env["PYTHONPATH"] = self._cpu_poprun(config, argv, launch_host)
+        elif self.preflight:
             path = self.hook.check_hosts(config.hosts, launch_host, config.poprun,
                                          find_executable_command(config.poprun))
             self.log.info("preflight passed: SSH to %s works (connection %r); %s on %s is %s",
@@ -310,7 +320,7 @@ class PopRunOperator(BaseOperator):
         ti = context["ti"]
         self._job = JobId(ti.dag_id, ti.task_id, ti.run_id, int(ti.try_number))
         self._remote = SSHJob(self.hook, launch_host, self._job, argv, self._log_line,
-                              env=config.plain_env(), secret_env=hidden,
+                              env=env, secret_env=hidden,
                               state_dir=self.remote_state_dir,
                               log=self.log, should_stop=lambda: self._stop_streaming)
         if self._killed:  # on_kill came during preflight: start nothing
@@ -320,6 +330,33 @@ class PopRunOperator(BaseOperator):
         if not self._killed:
             self._sweep_segments()
         return code, self._remote.tail
+
+    def _cpu_poprun(self, config: PopRunConfig, argv: list[str],
+                    launch_host: str) -> tuple[list[str], str]:
+        """Ship the runtime to every host (always: the instances import it) and check
+        mpirun on the launch host; returns the argv to run and the instances' PYTHONPATH."""
+        hosts = list(dict.fromkeys([*config.hosts, launch_host]))
+        prepared = prepare_hosts(self.hook, hosts, config.python)
+        for host in hosts:
+            self.log.info("%s", prepared[host].describe())
+        pythonpath = prepared[launch_host].shipped.pythonpath
+        elsewhere = {h: p.shipped.pythonpath for h, p in prepared.items()
+                     if p.shipped.pythonpath != pythonpath}
+        if elsewhere:  # mpirun gives every instance the launch host's PYTHONPATH
+            raise LaunchError(
+                f"the runtime is at {pythonpath} on launch host {launch_host!r} but at "
+                + ", ".join(f"{p} on {h!r}" for h, p in elsewhere.items())
+                + ": ringflow-poprun exports one PYTHONPATH to every instance, so the SSH "
+                "login's home must be the same path on every host")
+        code, out, _ = self.hook.run(launch_host, find_executable_command("mpirun"),
+                                     timeout=self.conn_timeout)
+        if code != 0:
+            raise LaunchError(f"Open MPI's mpirun not found on launch host {launch_host!r} "
+                              f"(ringflow-poprun runs the instances with it; Debian: apt "
+                              f"install openmpi-bin)")
+        self.log.info("ringflow-poprun: CPU poprun as %s -m ringflow.poprun on %s, mpirun %s",
+                      config.python, launch_host, out.strip())
+        return [config.python, "-m", "ringflow.poprun", *argv[1:]], pythonpath
 
     def _sweep_segments(self, after_s: int = 0) -> None:
         """Remove what the ringflow job left in /dev/shm on every host of the job (segments of

@@ -7,9 +7,11 @@ global 1, dp 2); the Python API's world group (`init_parallel_env`) is ring 100 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import sys
 import threading
+import time
 from collections.abc import Sequence
 
 from ringflow.distributed.collective import rendezvous
@@ -86,7 +88,15 @@ def destroy_all(goodbye: bool = True) -> None:
     _next_group_id = FIRST_GROUP_RING_ID
 
 
+EXIT_TIME_VAR = "RINGFLOW_REPORT_EXIT_TIME"
+
+
 def _at_exit() -> None:
+    if _rings and os.environ.get(EXIT_TIME_VAR) == "1":
+        # For a launcher that names the first rank to fail (ringflow-poprun): the time this
+        # rank began to exit, before its peers can see its rings close and fail in turn.
+        with contextlib.suppress(OSError, ValueError):
+            print(f"ringflow-exit-time {time.time():.6f}", file=sys.stderr, flush=True)
     # An uncaught exception (the interpreter recorded it in sys.last_value) is a death, not
     # an orderly exit: close without goodbye so the peers fail fast.
     destroy_all(goodbye=getattr(sys, "last_value", None) is None)
