@@ -22,6 +22,10 @@ the operator, which sends them over SSH's stdin, never on a command line. `dry_r
 default: the task only renders, validates and logs the command; switch it off to run the
 job. `ringflow_job` makes a job id and a secret job token per try for instances that are
 ringflow workers.
+
+**Without IPUs**: with `POPRUN = "ringflow-poprun"` the same command runs on CPU hosts, on
+Open MPI's mpirun (installed on every host); the ringflow runtime is shipped to the hosts
+first. The training script must then run on CPU: `examples/poprun_dp_train.py` is one.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from ringflow_provider.operators.poprun import PopRunOperator
 JOB, OPTIONS, RUN = "PopRun job", "PopRun options", "How to run"
 SSH_CONN_ID = "ssh_default"  # an Airflow connection of type ssh that reaches every host
 PYTHON = "python3"           # the interpreter on the hosts
-POPRUN = "poprun"            # the poprun executable on the launch host
+POPRUN = "poprun"            # the poprun executable on the launch host ("ringflow-poprun": CPU)
 
 
 def _list_param(default: list, description: str, section: str = OPTIONS) -> Param:
