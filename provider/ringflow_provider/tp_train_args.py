@@ -14,7 +14,7 @@ from ringflow import naming
 from ringflow.errors import ConfigError
 from ringflow_provider.models import json_text
 
-LAUNCHERS = ("ssh",)  # "mpirun" (issue 11) is not built yet
+LAUNCHERS = ("ssh", "mpirun")
 
 
 def ringflow_home() -> str:
@@ -84,8 +84,6 @@ def connections(value: Any, hosts: list[str]) -> dict[str, str]:
 
 def launcher_name(value: Any) -> str:
     name = str(value or "ssh").strip()
-    if name == "mpirun":
-        raise ValueError("launcher 'mpirun' is not available yet (issue 11); use 'ssh'")
     if name not in LAUNCHERS:
         raise ValueError(f"launcher must be one of {', '.join(LAUNCHERS)}, got {value!r}")
     return name

@@ -5,6 +5,11 @@ secrets line (the job token, ``secret_env``) from the channel's stdin, which sta
 the Airflow side goes, the channel ends and the agent stops its ranks. Ranks are host-major;
 endpoints are ``host:base_port + local rank``.
 
+With ``launcher="mpirun"`` one SSHJob runs on the first host instead: Open MPI's mpirun
+(``ringflow.launch.mpirun``) starts the same agent command on every host, each agent taking
+its host index from its MPI rank; the secrets line and the lifeline are that job's stdin,
+and the agents' lines come back through mpirun, tagged with their host index.
+
 The first agent that fails stops the others (each with its detached kill), and the failure
 is the rank that failed first across the hosts, by the time its exit was seen. Lines come
 back tagged ``[host/rank N]`` (``[host/launch]`` for an agent's own lines)."""
@@ -23,9 +28,10 @@ from typing import Any
 
 from ringflow.errors import LaunchError
 from ringflow.launch.result import parse_result_line
+from ringflow.poprun.leftovers import stop_task_command
 from ringflow_provider.hooks.multi_ssh import MultiHostSSHHook
 from ringflow_provider.jobs.ssh import SSHJob
-from ringflow_provider.remote_job import JobId
+from ringflow_provider.remote_job import TASK_MARK_VAR, JobId, find_executable_command
 from ringflow_provider.shipping import Prepared, prepare_hosts
 
 __all__ = ["PORT_RANGE", "HostAgent", "MultiHostTraining", "failure_message", "tag_line"]
@@ -33,6 +39,7 @@ __all__ = ["PORT_RANGE", "HostAgent", "MultiHostTraining", "failure_message", "t
 PORT_RANGE = (20000, 60000)
 _PORT_TRIES = 8
 _RANK_PREFIX = re.compile(r"^\[rank (\d+)\] ")
+_MPI_TAG = re.compile(r"^\[1,(\d+)\]<(stdout|stderr)>:(.*)$")
 # Binds every port of the range on the host (all addresses), as the ranks will.
 _PORT_PROBE = """import socket, sys
 base, count = int(sys.argv[1]), int(sys.argv[2])
@@ -81,8 +88,9 @@ class MultiHostTraining:
     def __init__(self, hooks: Mapping[str, MultiHostSSHHook], hosts: Sequence[str],
                  job: JobId, python: str, nproc_per_host: int, log_dir: str,
                  on_line: Callable[[str, str, str], None], log: Any,
-                 base_port: int | None = None) -> None:
+                 base_port: int | None = None, launcher: str = "ssh") -> None:
         self.hosts, self.job, self.python = list(hosts), job, python
+        self.launcher = launcher
         self.nproc, self.log_dir, self.base_port = nproc_per_host, log_dir, base_port
         self.on_line, self.log = on_line, log
         self.agents = [HostAgent(h, i, hooks[h]) for i, h in enumerate(self.hosts)]
@@ -101,10 +109,51 @@ class MultiHostTraining:
             lambda a: a.hook.run(a.host, 'printf %s "$HOME"', timeout=30)[1], "finding $HOME")
         for agent in self.agents:
             agent.home = homes[agent.host]
+        if self.launcher == "mpirun":
+            self._check_mpirun()
+            self._stop_earlier_tries()
         if self.base_port is None:
             self.base_port = self._free_base_port()
         text = json.dumps(spec, indent=2) + "\n"
         self._on_every_host(lambda a: self._put_spec(a, text), "uploading the job spec")
+
+    def _check_mpirun(self) -> None:
+        """mpirun on the first host, and one runtime path for all (mpirun exports the first
+        host's PYTHONPATH to every agent)."""
+        first = self.agents[0]
+        code, out, _ = first.hook.run(first.host, find_executable_command("mpirun"),
+                                      timeout=30)
+        if code != 0:
+            raise LaunchError(f"launcher 'mpirun': Open MPI's mpirun not found on the first "
+                              f"host {first.host!r} (Debian: apt install openmpi-bin)")
+        path = first.prepared.shipped.pythonpath
+        other = [f"{a.prepared.shipped.pythonpath} on {a.host!r}" for a in self.agents
+                 if a.prepared.shipped.pythonpath != path]
+        if other:
+            raise LaunchError(f"launcher 'mpirun': the runtime is at {path} on {first.host!r} "
+                              f"but at {', '.join(other)}: mpirun exports one PYTHONPATH to "
+                              f"every agent, so the SSH login's home must be the same path "
+                              f"on every host (or use launcher 'ssh')")
+        self.log.info("launcher mpirun: %s on %s starts one agent per host", out.strip(),
+                      first.host)
+
+    def _stop_earlier_tries(self) -> None:
+        """mpirun's agents on the other hosts are no SSHJob there: what an earlier try of
+        the task left (agents and ranks carry the task's marker, which mpirun exports) is
+        stopped on every host before this try starts."""
+        def stop(agent: HostAgent) -> str:
+            argv = stop_task_command(self.python, TASK_MARK_VAR, self.job.task_key)
+            command = (f"PYTHONPATH={shlex.quote(agent.prepared.shipped.pythonpath)} "
+                       f"{shlex.join(argv)}")
+            code, out, err = agent.hook.run(agent.host, command, timeout=30)
+            if code != 0:
+                raise LaunchError(f"host {agent.host!r}: stopping an earlier try failed: "
+                                  f"{(err or out).strip()}")
+            return out.strip()
+
+        for host, said in self._on_every_host(stop, "stopping earlier tries").items():
+            if not said.startswith("nothing"):
+                self.log.info("host %s: %s", host, said)
 
     def _free_base_port(self) -> int:
         rng = random.Random()
@@ -163,9 +212,22 @@ class MultiHostTraining:
                 str(agent.index), "--base-port", str(self.base_port), "--log-dir",
                 self.log_dir, "-m", "ringflow.train", f"{self.log_dir}/spec.json"]
 
+    def mpirun_argv(self, exports: Sequence[str]) -> list[str]:
+        """The first host's command: mpirun (through ringflow.launch.mpirun) starts the
+        agent command on every host, which takes its host index from its MPI rank; the
+        `exports` variables of the first host's environment reach every agent."""
+        agent = [self.python, "-m", "ringflow.launch", "--nproc-per-host", str(self.nproc),
+                 "--hosts", ",".join(self.hosts), "--host-index-env", "OMPI_COMM_WORLD_RANK",
+                 "--base-port", str(self.base_port), "--log-dir", self.log_dir, "-m",
+                 "ringflow.train", f"{self.log_dir}/spec.json"]
+        return [self.python, "-m", "ringflow.launch.mpirun", "--hosts", ",".join(self.hosts),
+                "--stdin", "--export", ",".join(exports), "--", *agent]
+
     def run(self, env: Mapping[str, str], secrets_line: str) -> list[HostAgent]:
         """Every agent started, streamed until all have ended; the first failure stops the
         others. Returns the agents (exit codes, result lines)."""
+        if self.launcher == "mpirun":
+            return self._run_under_mpirun(env, secrets_line)
         threads = []
         for agent in self.agents:
             agent_env = {**env, "PYTHONPATH": agent.prepared.shipped.pythonpath}
@@ -182,6 +244,36 @@ class MultiHostTraining:
         for t in threads:
             t.join()
         return self.agents
+
+    def _run_under_mpirun(self, env: Mapping[str, str], secrets_line: str) -> list[HostAgent]:
+        first = self.agents[0]
+        argv = self.mpirun_argv(["PYTHONPATH", TASK_MARK_VAR, *env])
+        first.job = SSHJob(first.hook, first.host, self.job, argv, self._mpirun_line,
+                           env={**env, "PYTHONPATH": first.prepared.shipped.pythonpath},
+                           job_stdin=secrets_line, log=self.log)
+        if self._stopped:
+            return self.agents
+        first.job.start()
+        try:
+            code = first.job.wait()
+        except LaunchError as exc:
+            code = -1
+            self.log.error("host %s: %s", first.host, exc)
+        for agent in self.agents:
+            agent.ended_at = time.time()
+            agent.exit_code = (agent.result or {}).get("exit_code", code)
+        if code != 0 and all(a.exit_code == 0 for a in self.agents):
+            first.exit_code = code  # mpirun itself failed
+        return self.agents
+
+    def _mpirun_line(self, stream: str, line: str) -> None:
+        """A line of mpirun's stream: an agent's (tagged with its MPI rank, its host index)
+        or the first host's own."""
+        tagged = _MPI_TAG.match(line)
+        if tagged and int(tagged[1]) < len(self.agents):
+            self._line(self.agents[int(tagged[1])], stream, tagged[3])
+        else:
+            self._line(self.agents[0], stream, line)
 
     def _line(self, agent: HostAgent, stream: str, line: str) -> None:
         result = parse_result_line(line)

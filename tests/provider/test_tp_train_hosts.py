@@ -78,8 +78,9 @@ def serial_losses(tmp_path: Path, **spec) -> dict[int, float]:
     return {m[1]["step"]: m[1]["loss"] for m in metrics if m and m[0] == "metric"}
 
 
-def test_two_hosts_train_like_one_process(two_hosts, tmp_path):
-    op = make(two_hosts)
+@pytest.mark.parametrize("launcher", ["ssh", "mpirun"])
+def test_two_hosts_train_like_one_process(two_hosts, tmp_path, launcher):
+    op = make(two_hosts, launcher=launcher)
     summary = op.execute(ctx(f"run-{uuid.uuid4().hex[:8]}"))
     hosts = two_hosts[0]
     assert (summary["world_size"], summary["mp_degree"], summary["dp_degree"]) == (4, 2, 2)
@@ -96,12 +97,18 @@ def test_two_hosts_train_like_one_process(two_hosts, tmp_path):
         assert f"[{hosts[rank // 2]}/rank {rank}] [train] rank {rank} of 4 starts on host " \
             f"{rank // 2} " in text
     assert f"[{hosts[0]}/launch] " in text and f"launcher on {hosts[1]}: all 2 ranks" in text
+    if launcher == "mpirun":  # one mpirun on the first host started both agents
+        assert f"launcher mpirun: /usr/bin/mpirun on {hosts[0]} starts one agent per host" \
+            in text
+        assert f"one launcher agent on each of 2 host(s) ({','.join(hosts)}), started by " \
+               "Open MPI's mpirun" in text
     assert summary["checkpoint"].startswith("/root/.ringflow/checkpoints/tp_hosts/")
     assert summary["checkpoint"].endswith("/train/step-00000010")
 
 
+@pytest.mark.parametrize("launcher", ["ssh", "mpirun"])
 def test_a_rank_failing_on_the_second_host_fails_the_task_naming_that_host(
-        two_hosts, ns_hosts, tmp_path):
+        two_hosts, ns_hosts, tmp_path, launcher):
     """The data file exists on the first host only: the second host's ranks cannot read it
     (a spec the job refuses: not retried)."""
     data = "/root/tp-hosts-data.npz"
@@ -109,7 +116,7 @@ def test_a_rank_failing_on_the_second_host_fails_the_task_naming_that_host(
     first.run(["/usr/bin/python3", "-c",
                "import numpy as np; r = np.random.default_rng(0); "
                f"np.savez('{data}', x=r.standard_normal((64, 8)), y=r.integers(0, 4, 64))"])
-    op = make(two_hosts, data=data)
+    op = make(two_hosts, data=data, launcher=launcher)
     with pytest.raises(AirflowFailException) as err:
         op.execute(ctx(f"run-{uuid.uuid4().hex[:8]}"))
     message = str(err.value)
@@ -139,17 +146,19 @@ def long_job(two_hosts, **overrides):
     return make(two_hosts, **{**args, **overrides})
 
 
-def test_on_kill_stops_every_agent_and_a_retry_resumes_on_every_host(two_hosts):
+@pytest.mark.parametrize("launcher", ["ssh", "mpirun"])
+def test_on_kill_stops_every_agent_and_a_retry_resumes_on_every_host(two_hosts, launcher):
     run_id = f"run-{uuid.uuid4().hex[:8]}"
-    op = long_job(two_hosts)
+    op = long_job(two_hosts, launcher=launcher)
     thread, outcome = run_in_thread(op, ctx(run_id))
     wait_until(lambda: "step 12/" in log_text(op), 120, "training to pass step 12")
     started = time.monotonic()
     op.on_kill()
     assert time.monotonic() - started < 2.5
     thread.join(30)
+
     assert "was killed (on_kill)" in str(outcome["error"])
-    retry = long_job(two_hosts, steps=60)
+    retry = long_job(two_hosts, steps=60, launcher=launcher)
     # the first try's agents may still be stopping: the retry's launch stops what is left
     summary = retry.execute(ctx(run_id, try_number=2))
     resumed = summary["resumed_from"]
@@ -158,7 +167,9 @@ def test_on_kill_stops_every_agent_and_a_retry_resumes_on_every_host(two_hosts):
     assert f"resuming from step {resumed}" in log_text(retry)
 
 
-def test_sigkill_of_the_task_process_stops_every_agent(two_hosts, ns_hosts, tmp_path):
+@pytest.mark.parametrize("launcher", ["ssh", "mpirun"])
+def test_sigkill_of_the_task_process_stops_every_agent(two_hosts, ns_hosts, tmp_path,
+                                                       launcher):
     hosts, conns = two_hosts
     script = tmp_path / "task.py"
     script.write_text(textwrap.dedent(f"""
@@ -173,7 +184,8 @@ def test_sigkill_of_the_task_process_stops_every_agent(two_hosts, ns_hosts, tmp_
         op = TPTrainOperator(task_id="train", hosts={hosts!r}, ssh_conn_id={conns!r},
                              python="/usr/bin/python3", model="mlp", steps=100000,
                              log_every=1, model_args={{"hidden_size": 256}},
-                             tensor_parallel_degree=2, checkpoint_dir=None)
+                             tensor_parallel_degree=2, checkpoint_dir=None,
+                             launcher={launcher!r})
         op._cached_logger = Echo()
         op.execute({{"ti": SimpleNamespace(dag_id="d", task_id="train", run_id="r-sigkill",
                                           try_number=1)}})
@@ -211,7 +223,7 @@ def test_hosts_and_connections_are_checked_before_anything_starts(two_hosts):
         ({"hosts": f"{hosts[0]},{hosts[0]}"}, "appears more than once"),
         ({"hosts": "10.0.0"}, "neither an IPv4 address"),
         ({"ssh_conn_id": {hosts[0]: "c"}}, f"names no connection for host(s) {hosts[1]}"),
-        ({"launcher": "mpirun"}, "launcher 'mpirun' is not available yet"),
+        ({"launcher": "torchrun"}, "launcher must be one of ssh, mpirun"),
         ({"python": "-c"}, "python must be an interpreter's name or path"),
         ({"global_batch_size": 7}, "global_batch_size 7 is not divisible by the "
                                    "data-parallel degree 2"),

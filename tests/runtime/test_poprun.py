@@ -172,6 +172,7 @@ def test_the_first_failure_by_the_instances_clocks_wins_over_mpiruns_order():
     emit(3, "ringflow-poprun-exit 3 1000.010")
     emit(1, "ringflow-poprun-exit 0 1000.000")
     assert job._first_failure(1) == 3
+    job._close_output()
     assert job.stdout.getvalue() == ("ringflow-poprun: instance 3 on b failed first with "
                                      "exit code 3; every instance was stopped\n")
     assert "ringflow-poprun-exit" not in job.stderr.getvalue()  # consumed, not shown

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
@@ -87,6 +88,9 @@ def build_parser(prog: str = "python -m ringflow.launch") -> argparse.ArgumentPa
                    help="every host of the job, comma-separated, in rank order")
     p.add_argument("--host-index", dest="host_index", type=int, default=None, metavar="I",
                    help="this host's position in --hosts")
+    p.add_argument("--host-index-env", dest="host_index_env", default=None, metavar="VAR",
+                   help="read the host index from environment variable VAR (for an agent "
+                        "started by mpirun: OMPI_COMM_WORLD_RANK)")
     p.add_argument("--stdin", action="store_true",
                    help="read secret variables for the workers from stdin's first line (one "
                         "JSON object), then keep reading: when stdin ends, stop all ranks")
@@ -101,10 +105,14 @@ def build_parser(prog: str = "python -m ringflow.launch") -> argparse.ArgumentPa
 
 
 def parse_launch_args(argv: list[str], prog: str = "python -m ringflow.launch",
-                      cwd: Path | None = None) -> LaunchConfig:
+                      cwd: Path | None = None,
+                      environ: Mapping[str, str] | None = None) -> LaunchConfig:
     """Parse and validate; raises ConfigError naming the bad option and value."""
     ns = build_parser(prog).parse_args(argv)
     hosts = _parse_hosts(ns.hosts)
+    if ns.host_index_env is not None:
+        ns.host_index = _index_from_env(ns.host_index_env, ns.host_index,
+                                        os.environ if environ is None else environ)
     config = LaunchConfig(
         nproc_per_host=ns.nproc_per_host,
         target=ns.target,
@@ -169,6 +177,18 @@ def _stdin_timeout(seconds: float | None, stdin: bool) -> float:
         raise ConfigError("--stdin-timeout needs --stdin (it bounds the wait for stdin's "
                           "first line)")
     return seconds
+
+
+def _index_from_env(var: str, index: int | None, environ: Mapping[str, str]) -> int:
+    if index is not None:
+        raise ConfigError("give --host-index or --host-index-env, not both")
+    value = environ.get(var)
+    if value is None:
+        raise ConfigError(f"--host-index-env {var}: {var} is not set (is this agent started "
+                          f"by mpirun?)")
+    if not value.strip().isdigit():
+        raise ConfigError(f"--host-index-env {var}: {var}={value!r} is not a host index")
+    return int(value)
 
 
 def _host_index(index: int | None, hosts: tuple[str, ...], given: bool) -> int:

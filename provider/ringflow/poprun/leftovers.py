@@ -24,7 +24,8 @@ from pathlib import Path
 from ringflow.errors import LaunchError
 from ringflow.launch.processes import scan_processes
 
-__all__ = ["Watchdog", "ancestors", "job_processes", "stop_processes"]
+__all__ = ["Watchdog", "ancestors", "job_processes", "processes_with_env", "stop_processes",
+           "stop_task_command"]
 
 TOKEN_VAR = "RINGFLOW_JOB_TOKEN"
 PROC = Path("/proc")
@@ -43,7 +44,12 @@ def ancestors(pid: int | None = None) -> set[int]:
 
 def job_processes(token: str, exclude: Iterable[int] = ()) -> list[int]:
     """Live processes of this user whose environment holds the job's token."""
-    needle = f"{TOKEN_VAR}={token}".encode() + b"\0"
+    return processes_with_env(TOKEN_VAR, token, exclude)
+
+
+def processes_with_env(name: str, value: str, exclude: Iterable[int] = ()) -> list[int]:
+    """Live processes of this user whose environment has `name`=`value`."""
+    needle = f"{name}={value}".encode() + b"\0"
     skip, uid, found = set(exclude), os.getuid(), []
     for pid, state, _, _ in scan_processes():
         if pid in skip or state in ("Z", "X"):
@@ -110,3 +116,18 @@ class Watchdog:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(timeout=timeout_s)
+
+
+_STOP_TASK = """import sys
+from ringflow.poprun.leftovers import ancestors, processes_with_env, stop_processes
+pids = processes_with_env(sys.argv[1], sys.argv[2], exclude=ancestors())
+left = stop_processes(pids, float(sys.argv[3])) if pids else []
+print("stopped %d process(es) of an earlier try%s" % (len(pids), " (still alive: %s)" % left
+      if left else "") if pids else "nothing of an earlier try left")
+"""
+
+
+def stop_task_command(python: str, name: str, value: str, grace_s: float = 5.0) -> list[str]:
+    """argv that stops, on a host, every process of this user whose environment has
+    `name`=`value` (a task's marker: what earlier tries of the task left)."""
+    return [python, "-c", _STOP_TASK, name, value, str(grace_s)]

@@ -8,8 +8,10 @@ stops all the others, and mpirun's exit code is the first failing instance's.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
+import queue
 import re
 import signal
 import subprocess
@@ -17,7 +19,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import IO
+from typing import IO, Protocol
 
 from ringflow.errors import ConfigError, LaunchError
 from ringflow.launch.env import JOB_ID_VAR, JOB_TOKEN_VAR, resolve_identity
@@ -31,10 +33,11 @@ from ringflow.poprun.mpirun import (
     mpirun_argv,
 )
 
-__all__ = ["PopRunJob", "topology_lines"]
+__all__ = ["Lifeline", "PopRunJob", "topology_lines"]
 
 PREFIX = "ringflow-poprun:"
 STOP_GRACE_S = 15  # mpirun's own TERM-then-KILL takes a few seconds; then we SIGKILL it
+OUTPUT_QUEUE_LINES = 10000  # lines waiting for a slow reader before mpirun is held back
 LEFT_GRACE_S = 2  # this host's instances that outlived mpirun: SIGTERM, then SIGKILL
 DRAIN_S = 5  # output still in the pipes after mpirun's exit
 SWEEP_TIMEOUT_S = 30
@@ -48,6 +51,15 @@ _SWEEP = ("import sys\nfrom ringflow.launch.shm import sweep_job_segments\n"
           "removed = sweep_job_segments(sys.argv[1])\n"
           "print('removed shm segments ' + ' '.join(removed) if removed else "
           "'no shm segment of the job left')\n")
+
+
+class Lifeline(Protocol):
+    """Something whose end means: stop the job (`ringflow.launch.stdin.StdinWatch`)."""
+
+    ended: threading.Event
+    reason: str
+
+    def start(self) -> None: ...
 
 
 def _signal_name(number: int) -> str:
@@ -98,17 +110,30 @@ class PopRunJob:
     there, which ends them when it loses mpirun.
     """
 
+    prefix = PREFIX  # starts this job's own lines
+
     def __init__(self, args: PopRunArgs, environ: Mapping[str, str] | None = None,
                  stdout: IO[str] | None = None, stderr: IO[str] | None = None,
-                 mpirun: str = "mpirun") -> None:
+                 mpirun: str = "mpirun", lifeline: Lifeline | None = None) -> None:
+        """`lifeline`, when given, is started once mpirun runs; when it ends the job is
+        stopped as on SIGTERM, with exit code 129."""
         self.args = args
+        self.lifeline = lifeline
         self.environ = dict(os.environ if environ is None else environ)
         self.stdout = stdout or sys.stdout
         self.stderr = stderr or sys.stderr
         self.mpirun = mpirun
         self._proc: subprocess.Popen[bytes] | None = None
-        self._signalled: int | None = None
-        self._write_lock = threading.Lock()
+        self._stop_cause: str | None = None  # why the job is being stopped from here
+        self._stop_code = 0
+        self._gone: set[IO[str]] = set()  # output streams whose reader went away
+        self._out: queue.Queue[tuple[IO[str], str] | None] = queue.Queue(OUTPUT_QUEUE_LINES)
+        self._out_closed = False
+        self._dropped = 0
+        self._token = ""
+        # started once mpirun is (no thread may exist at a fork with a preexec_fn)
+        self._writer_thread = threading.Thread(target=self._writer, daemon=True,
+                                               name="ringflow-poprun-output")
         self._mpirun_said: list[str] = []
         self._watchdog: Watchdog | None = None
         self._exits: list[tuple[float, int, int]] = []
@@ -116,12 +141,48 @@ class PopRunJob:
 
     # output -------------------------------------------------------------------------------
     def say(self, text: str) -> None:
-        self._write(self.stdout, f"{PREFIX} {text}")
+        self._write(self.stdout, f"{self.prefix} {text}")
 
     def _write(self, stream: IO[str], line: str) -> None:
-        with self._write_lock:
-            stream.write(line + "\n")
-            stream.flush()
+        """Queue a line for the writer thread. mpirun's pipes must always be drained: once
+        the job is being stopped, a line that finds the queue full (our reader stalls) is
+        dropped, or mpirun would block writing and could not stop the instances."""
+        while True:
+            try:
+                self._out.put((stream, line), timeout=0.2)
+                return
+            except queue.Full:
+                if self._stop_cause is not None or self._out_closed:
+                    self._dropped += 1
+                    return
+
+    def _writer(self) -> None:
+        while (item := self._out.get()) is not None:
+            stream, line = item
+            if stream in self._gone:
+                continue
+            try:
+                stream.write(line + "\n")
+                stream.flush()
+            except (OSError, ValueError):  # whoever read it is gone (a closed SSH channel)
+                self._gone.add(stream)
+
+    def _start_writer(self) -> None:
+        if not self._writer_thread.is_alive() and self._writer_thread.ident is None:
+            self._writer_thread.start()
+
+    def _close_output(self) -> None:
+        """The queued lines written, within DRAIN_S; then the writer ends."""
+        self._start_writer()
+        self._out_closed = True
+        if self._dropped:
+            self._write(self.stdout, f"{self.prefix} {self._dropped} line(s) of output were "
+                                     f"dropped while the job stopped (the reader stalled)")
+        try:
+            self._out.put(None, timeout=DRAIN_S)
+        except queue.Full:
+            return
+        self._writer_thread.join(DRAIN_S)
 
     def _emitter(self, name: str, stream: IO[str]) -> Callable[[int | None, str], None]:
         only = self.args.only_output_from_instance
@@ -157,6 +218,12 @@ class PopRunJob:
 
     # the job ------------------------------------------------------------------------------
     def run(self) -> int:
+        try:
+            return self._run()
+        finally:
+            self._close_output()
+
+    def _run(self) -> int:
         env = dict(self.environ)
         given_id = exported_values(self.args.mpi_local_args).get(JOB_ID_VAR)
         if given_id:  # the job's id on the command line (PopRunOperator's ringflow_job)
@@ -165,10 +232,9 @@ class PopRunJob:
         if warning:
             self.say(f"warning: {warning}")
         env[JOB_ID_VAR], env[JOB_TOKEN_VAR] = identity.job_id, identity.token
+        self._token = identity.token
         args = self.args
-        self.say(f"{args.num_instances} instance(s) on {len(args.hosts)} host(s) "
-                 f"({','.join(args.hosts)}, {args.per_host} each), {args.replicas} replica(s); "
-                 f"job {identity.job_id}; Open MPI's mpirun runs them (CPU, no IPUs)")
+        self.say(self.intro(identity.job_id))
         if args.ignored:
             self.say("IPU-only options accepted and ignored: " + " ".join(args.ignored))
         if args.print_topology:
@@ -190,6 +256,12 @@ class PopRunJob:
             self._sweep(identity.job_id, env)
         return code
 
+    def intro(self, job_id: str) -> str:
+        args = self.args
+        return (f"{args.num_instances} instance(s) on {len(args.hosts)} host(s) "
+                f"({','.join(args.hosts)}, {args.per_host} each), {args.replicas} replica(s); "
+                f"job {job_id}; Open MPI's mpirun runs them (CPU, no IPUs)")
+
     def _run_mpirun(self, argv: list[str], env: dict[str, str]) -> int:
         previous = {sig: signal.signal(sig, self._forward)
                     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
@@ -203,12 +275,15 @@ class PopRunJob:
                                   "instances with Open MPI's mpirun (Debian: apt install "
                                   "openmpi-bin)") from None
             assert self._proc.stdout is not None and self._proc.stderr is not None
+            self._start_writer()
             pumps = [threading.Thread(target=self._pump, daemon=True, args=(
                 pipe, OutputJoiner(self._emitter(name, stream))))
                 for pipe, name, stream in ((self._proc.stdout, "stdout", self.stdout),
                                            (self._proc.stderr, "stderr", self.stderr))]
             for pump in pumps:
                 pump.start()
+            if self.lifeline is not None:
+                self.lifeline.start()
             code = self._wait()
             deadline = time.monotonic() + DRAIN_S
             for pump in pumps:
@@ -218,10 +293,9 @@ class PopRunJob:
                 signal.signal(sig, handler)
         if code < 0:
             code = 128 - code
-        if self._signalled is not None:
-            self.say(f"stopped by signal {signal.Signals(self._signalled).name}; mpirun "
-                     f"stopped every instance")
-            return 128 + self._signalled
+        if self._stop_cause is not None:
+            self.say(f"stopped by {self._stop_cause}; mpirun stopped every instance")
+            return self._stop_code
         return code
 
     def _wait(self) -> int:
@@ -233,7 +307,9 @@ class PopRunJob:
                 return proc.wait(timeout=0.2)
             except subprocess.TimeoutExpired:
                 pass
-            if self._signalled is not None and stop_by is None:
+            if self.lifeline is not None and self.lifeline.ended.is_set():
+                self._stop(self.lifeline.reason or "the end of stdin", 129)
+            if self._stop_cause is not None and stop_by is None:
                 stop_by = time.monotonic() + STOP_GRACE_S
             if stop_by is not None and time.monotonic() > stop_by:
                 self.say(f"mpirun did not stop within {STOP_GRACE_S} s of SIGTERM: SIGKILL")
@@ -251,10 +327,21 @@ class PopRunJob:
             self._watchdog.release()
 
     def _forward(self, signum: int, _frame: object) -> None:
-        if self._signalled is None:
-            self._signalled = signum
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.send_signal(signal.SIGTERM)  # mpirun: TERM to all, then KILL
+        self._stop(f"signal {signal.Signals(signum).name}", 128 + signum)
+
+    def _stop(self, cause: str, code: int) -> None:
+        if self._stop_cause is not None:
+            return
+        self._stop_cause, self._stop_code = cause, code
+        if self._proc is None or self._proc.poll() is not None:
+            return
+        self._proc.send_signal(signal.SIGTERM)  # mpirun: TERM to all, then KILL
+        # mpirun takes about a second to pass the TERM on; this host's instances get it now
+        # (their peers elsewhere then fail at once, or get it from mpirun)
+        if self._token:
+            for pid in job_processes(self._token, exclude=ancestors() | {self._proc.pid}):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGTERM)
 
     # after a failure ----------------------------------------------------------------------
     def _first_failure(self, code: int) -> int:
@@ -262,7 +349,7 @@ class PopRunJob:
         First by the hosts' clocks, not by the order mpirun heard of the exits: when a
         ringflow worker began to exit (before its peers could notice), else when the
         instance's sh saw it end; mpirun's own report when no instance's came."""
-        if self._signalled is not None:
+        if self._stop_cause is not None:
             return code
         failed = sorted((min(t, self._began_exit.get(i, t)), i, c)
                         for t, i, c in self._exits if c != 0)

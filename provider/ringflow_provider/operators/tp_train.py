@@ -127,7 +127,8 @@ class TPTrainOperator(BaseOperator):
         each), or a mapping host -> connection id; default ``ssh_default`` (templated)
     :param python: the interpreter on the hosts, default ``python3`` (templated)
     :param launcher: ``ssh``: one ringflow launcher agent per host over SSH (default);
-        ``mpirun`` is not available yet (templated)
+        ``mpirun``: Open MPI's mpirun on the first host starts one agent per host (needs
+        Open MPI on every host and SSH from the first host to the others) (templated)
     :param base_port: the first rank port on every host; default a range free on every
         host, found before the job starts (templated)
     """
@@ -287,7 +288,7 @@ class TPTrainOperator(BaseOperator):
         training = self._training = MultiHostTraining(
             {h: hooks[c] for h, c in plan["conns"].items()}, hosts,
             JobId(ti.dag_id, ti.task_id, ti.run_id, try_number(ti)), plan["python"], nproc,
-            plan["remote_log_dir"], on_line, self.log, plan["base_port"])
+            plan["remote_log_dir"], on_line, self.log, plan["base_port"], plan["launcher"])
         started = time.monotonic()
         try:
             training.prepare(spec.to_dict())

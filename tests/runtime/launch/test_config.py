@@ -4,6 +4,7 @@ functions, plus the CLI's exit code 2 with a one-line message for bad input."""
 from __future__ import annotations
 
 import io
+import re
 import sys
 from pathlib import Path
 
@@ -52,6 +53,27 @@ def test_multi_host_ranks_and_endpoints_are_host_major_from_the_base_port(tmp_pa
     assert plan_endpoints(config) == [
         "10.0.0.1:7000", "10.0.0.1:7001", "10.0.0.2:7000", "10.0.0.2:7001",
         "node3:7000", "node3:7001"]
+
+
+def test_an_agent_started_by_mpirun_takes_its_host_index_from_its_mpi_rank(tmp_path, script):
+    argv = ["--nproc-per-host", "2", "--hosts", "a,b,c", "--host-index-env",
+            "OMPI_COMM_WORLD_RANK", "--base-port", "7000", "train.py"]
+    config = parse_launch_args(argv, cwd=tmp_path, environ={"OMPI_COMM_WORLD_RANK": "2"})
+    assert (config.host_index, config.host, config.global_rank(1)) == (2, "c", 5)
+
+
+@pytest.mark.parametrize("environ, extra, message", [
+    ({}, [], "OMPI_COMM_WORLD_RANK is not set (is this agent started by mpirun?)"),
+    ({"OMPI_COMM_WORLD_RANK": "x"}, [], "OMPI_COMM_WORLD_RANK='x' is not a host index"),
+    ({"OMPI_COMM_WORLD_RANK": "3"}, [], "--host-index must be in 0..2"),
+    ({"OMPI_COMM_WORLD_RANK": "0"}, ["--host-index", "0"], "not both"),
+])
+def test_a_host_index_env_that_gives_no_host_is_an_error(tmp_path, script, environ, extra,
+                                                        message):
+    argv = ["--nproc-per-host", "1", "--hosts", "a,b,c", "--host-index-env",
+            "OMPI_COMM_WORLD_RANK", *extra, "--base-port", "7000", "train.py"]
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        parse_launch_args(argv, cwd=tmp_path, environ=environ)
 
 
 def test_free_ports_are_distinct_per_rank_on_the_single_host(tmp_path, script):

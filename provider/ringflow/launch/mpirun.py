@@ -1,0 +1,92 @@
+"""One launcher agent per host started by Open MPI's mpirun (TPTrainOperator's
+``launcher="mpirun"``): ``python -m ringflow.launch.mpirun --hosts H1,H2 [--stdin] --
+python -m ringflow.launch --host-index-env OMPI_COMM_WORLD_RANK ...``.
+
+Runs on the first host. mpirun starts the agent command once per host (one process per
+node, MPI rank = host index), each agent starts its host's ranks with the PADDLE_* contract
+as always. With ``--stdin`` the first stdin line holds the secret variables (the job token,
+secret_env: ``ringflow.launch.stdin``), which mpirun exports to every agent as bare ``-x
+NAME``, and the end of stdin stops the job (its starter is gone). The job itself is
+`ringflow.poprun`'s `PopRunJob`: output in whole lines tagged ``[1,<host index>]<stdout>:``,
+the first failing agent named, SIGTERM forwarded, leftovers stopped on this host.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+
+from ringflow.errors import ConfigError
+from ringflow.launch.config import _parse_hosts
+from ringflow.launch.stdin import STDIN_FD, StdinWatch, read_secrets
+from ringflow.poprun.args import PopRunArgs
+from ringflow.poprun.runner import PopRunJob
+
+__all__ = ["AgentsJob", "main"]
+
+PROG = "python -m ringflow.launch.mpirun"
+
+
+class AgentsJob(PopRunJob):
+    prefix = "[launch] mpirun:"
+
+    def intro(self, job_id: str) -> str:
+        hosts = ",".join(self.args.hosts)
+        return (f"job {job_id}: one launcher agent on each of {len(self.args.hosts)} host(s) "
+                f"({hosts}), started by Open MPI's mpirun")
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
+    parser.add_argument("--hosts", required=True, metavar="H1,H2",
+                        help="the job's hosts in rank order; mpirun runs here, on the first")
+    parser.add_argument("--mpirun", default="mpirun", help="Open MPI's mpirun")
+    parser.add_argument("--mpi-args", default="", metavar="ARGS",
+                        help="more options for mpirun (one string)")
+    parser.add_argument("--export", default="", metavar="NAME,NAME",
+                        help="variables of this environment to export to every agent")
+    parser.add_argument("--stdin", action="store_true",
+                        help="secret variables on stdin's first line (JSON); stop the job "
+                             "when stdin ends")
+    parser.add_argument("agent", nargs=argparse.REMAINDER,
+                        help="-- then the agent command every host runs")
+    ns = parser.parse_args(argv)
+    if ns.agent[:1] == ["--"]:
+        ns.agent = ns.agent[1:]
+    if not ns.agent:
+        raise ConfigError("no agent command after --")
+    return ns
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        ns = parse(sys.argv[1:] if argv is None else argv)
+        hosts = _parse_hosts(ns.hosts)
+        environ = dict(os.environ)
+        secrets = read_secrets(STDIN_FD) if ns.stdin else {}
+        environ.update(secrets)
+        names = [*(n.strip() for n in ns.export.split(",") if n.strip()), *secrets]
+        missing = [n for n in names if n not in environ]
+        if missing:
+            raise ConfigError(f"--export names variables that are not set: {missing}")
+        exports = [part for name in dict.fromkeys(names) for part in ("-x", name)]
+        # The agents' workers must not print exit-time lines (the agents tag their lines).
+        exports += ["-x", "RINGFLOW_REPORT_EXIT_TIME=0"]
+        args = PopRunArgs(program=ns.agent, num_instances=len(hosts), hosts=hosts,
+                          mpi_global_args=tuple(shlex.split(ns.mpi_args)),
+                          mpi_local_args=tuple(exports))
+    except ConfigError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    lifeline = StdinWatch(STDIN_FD) if ns.stdin else None
+    try:
+        return AgentsJob(args, environ, mpirun=ns.mpirun, lifeline=lifeline).run()
+    except ConfigError as exc:
+        print(f"[launch] mpirun: error: {exc}", flush=True)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
