@@ -6,7 +6,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint sysdeps venv clean bench bench-train bench-allreduce bench-sysdeps
+.PHONY: demo test lint sysdeps venv clean bench bench-train bench-allreduce bench-hosts bench-sysdeps
 
 $(STAMP): pyproject.toml setup.cfg
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -66,7 +66,7 @@ test: sysdeps $(STAMP)
 
 # Benchmarks (not tests). The training step compares against PyTorch, which is installed
 # only into benchmarks/.venv-torch (made by the script on first use), never into .venv.
-bench: bench-train bench-allreduce
+bench: bench-train bench-allreduce bench-hosts
 
 bench-train: $(STAMP)
 	$(PY) benchmarks/train_step.py
@@ -81,6 +81,10 @@ bench-sysdeps:
 
 bench-allreduce: bench-sysdeps $(STAMP)
 	$(PY) benchmarks/allreduce.py
+
+# All-reduce between two namespace hosts (root; python3-numpy from sysdeps).
+bench-hosts: sysdeps $(STAMP)
+	$(PY) benchmarks/allreduce_hosts.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info provider/*.egg-info .pytest_cache .airflow
