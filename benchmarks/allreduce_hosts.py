@@ -1,6 +1,7 @@
 """All-reduce between two hosts (not a test; issue 11): ringflow's ring all-reduce between two
 namespace hosts (tests/hosts.py: own network namespace, address on one bridge, their link a
-veth pair each) with 1 and 2 ranks per host, beside the limit measured between the same two
+veth pair each) with 1 and 2 ranks per host (2 per host: in two levels, the default, and in one
+flat ring, RINGFLOW_TWO_LEVEL=0), beside the limit measured between the same two
 hosts in the same run: a raw two-way socket stream of the same size (allreduce_workers.py's
 `tcpstream`, the README's method), interleaved in rounds. Needs root (the hosts).
 
@@ -78,24 +79,30 @@ def spawn(hosts, placement: list[int], backend: str, sizes: list[int],
 def one_round(hosts, sizes: list[int]) -> list[dict]:
     recs = [{**r, "backend": "tcpstream", "placement": "1+1"}
             for r in spawn(hosts, [0, 1], "tcpstream", sizes)]
-    for placement in ([0, 1], [0, 0, 1, 1]):
+    for placement, extra, suffix in (([0, 1], {}, ""), ([0, 0, 1, 1], {}, ""),
+                                     ([0, 0, 1, 1], {"RINGFLOW_TWO_LEVEL": "0"}, "-flat")):
         label = "+".join(str(placement.count(h)) for h in (0, 1))
-        recs += [{**r, "backend": f"ringflow-{label}", "placement": label}
-                 for r in spawn(hosts, placement, "ringflow", sizes)]
+        recs += [{**r, "backend": f"ringflow-{label}{suffix}", "placement": label}
+                 for r in spawn(hosts, placement, "ringflow", sizes, extra)]
     return recs
+
+
+# backend -> (what the table calls it)
+BACKENDS = {"tcpstream": "two-way stream", "ringflow-1+1": "ringflow",
+            "ringflow-2+2": "ringflow, two levels", "ringflow-2+2-flat": "ringflow, one flat ring"}
 
 
 def table(summary: dict, sizes: list[int]) -> str:
     lines = ["| between 2 hosts | ranks | size | time (us) | busbw GB/s | busbw min..max | "
              "vs stream |", "|---|---:|---:|---:|---:|---:|---:|"]
-    for backend in ("tcpstream", "ringflow-1+1", "ringflow-2+2"):
+    for backend in BACKENDS:
         for size in sizes:
             s, ref = summary.get((backend, size)), summary.get(("tcpstream", size))
             if s is None:
                 continue
             ratio = "" if backend == "tcpstream" or not ref else f"{s['busbw'] / ref['busbw']:.2f}"
             flag = "" if s["correct"] else " (WRONG RESULT)"
-            name = "two-way stream" if backend == "tcpstream" else f"ringflow{flag}"
+            name = BACKENDS[backend] + flag
             lines.append(f"| {name} | {s['n']} | {size_label(size)} | {s['time_us']:.1f} | "
                          f"{s['busbw']:.3f} | {s['min']:.2f}..{s['max']:.2f} | {ratio} |")
     return "\n".join(lines)
@@ -109,7 +116,8 @@ def goal_lines(summary: dict) -> str:
         s = summary.get((backend, 64 * MiB))
         if s and ref:
             ratio = s["busbw"] / ref["busbw"]
-            lines.append(f"| {s['n']} ranks ({backend.split('-')[1]}) | {ratio:.0%} | "
+            lines.append(f"| {s['n']} ranks ({backend.split('-')[1]}, {BACKENDS[backend]}) | "
+                         f"{ratio:.0%} | "
                          f"{'yes' if ratio >= GOAL else 'no'} |")
     return "\n".join(lines)
 
@@ -132,7 +140,7 @@ def main() -> None:
                 for rec in one_round(hosts, sizes):
                     rec["round"] = rnd
                     records.append(rec)
-                    print(f"round {rnd} {rec['backend']:>13} {size_label(rec['size']):>7} "
+                    print(f"round {rnd} {rec['backend']:>17} {size_label(rec['size']):>7} "
                           f"{rec['time_us']:10.1f} us  busbw {rec['busbw']:7.3f} GB/s",
                           flush=True)
         load_after = Path("/proc/loadavg").read_text().split()[:3]

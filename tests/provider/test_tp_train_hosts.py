@@ -234,3 +234,33 @@ def test_hosts_and_connections_are_checked_before_anything_starts(two_hosts):
         assert message in str(err.value), (overrides, str(err.value))
     with pytest.raises(AirflowException, match="preflight failed"):
         make(two_hosts, python="/usr/bin/no-such-python").execute(ctx("nopy"))
+
+
+def rank_pid(host, rank: int) -> int | None:
+    """The pid (in the host's namespace) of the training process of `rank`, if running."""
+    found = host.sh(
+        "for p in /proc/[0-9]*; do tr '\\0' '\\n' < $p/environ 2>/dev/null | "
+        f"grep -qx PADDLE_TRAINER_ID={rank} && grep -q ringflow.train $p/cmdline 2>/dev/null "
+        "&& echo ${p#/proc/}; done")
+    pids = [int(p) for p in found.stdout.split()]
+    return min(pids) if pids else None
+
+
+@pytest.mark.parametrize("launcher", ["ssh", "mpirun"])
+def test_a_rank_killed_on_the_second_host_mid_training_fails_the_task_within_15_s(
+        two_hosts, ns_hosts, launcher):
+    op = long_job(two_hosts, launcher=launcher)
+    thread, outcome = run_in_thread(op, ctx(f"run-{uuid.uuid4().hex[:8]}"))
+    wait_until(lambda: "step 5/" in log_text(op), 120, "training to pass step 5")
+    pid = rank_pid(ns_hosts[1], 2)
+    assert pid is not None
+    ns_hosts[1].run(["kill", "-KILL", str(pid)])   # as the OOM killer would
+    killed = time.monotonic()
+    thread.join(15)
+    assert not thread.is_alive(), "the task did not fail within 15 s of the rank's death"
+    message = str(outcome["error"])
+    second = two_hosts[0][1]
+    assert message.startswith(f"training failed: rank 2 on host {second} (pid {pid}) failed "
+                              "first with exit code 137 (128+9: SIGKILL)"), \
+        message
+    assert time.monotonic() - killed < 15

@@ -50,6 +50,8 @@ class CommSettings:
     slot_bytes: int = 1 << 20        # a shared-memory slot
     shm_small_bytes: int = 64 << 10  # up to this, shared memory hands off in one round
     tcp_small_bytes: int = 16 << 10  # up to this, the TCP ring circulates buffers whole
+    # a ring of several hosts with several ranks each all-reduces in two levels (twolevel.py)
+    two_level: bool = True
 
 
 _REQUIRED = object()
@@ -72,6 +74,15 @@ def int_var(environ: Mapping[str, str], name: str, minimum: int = 0,
     if value < minimum:
         raise ConfigError(f"{name}={value} must be >= {minimum}")
     return value
+
+
+def _bool_var(environ: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = (environ.get(name) or "").strip().lower()
+    if raw == "":
+        return default
+    if raw not in ("0", "1", "true", "false"):
+        raise ConfigError(f"{name}={raw!r}: expected 1 or 0")
+    return raw in ("1", "true")
 
 
 def _float_var(environ: Mapping[str, str], name: str, default: float) -> float:
@@ -168,4 +179,5 @@ def comm_settings(environ: Mapping[str, str] | None = None) -> CommSettings:
         slot_bytes=int_var(environ, "RINGFLOW_SHM_SLOT_BYTES", 64, default=1 << 20),
         shm_small_bytes=int_var(environ, "RINGFLOW_SHM_SMALL_BYTES", 0, default=64 << 10),
         tcp_small_bytes=int_var(environ, "RINGFLOW_TCP_SMALL_BYTES", 0, default=16 << 10),
+        two_level=_bool_var(environ, "RINGFLOW_TWO_LEVEL", True),
     )

@@ -31,6 +31,9 @@ __all__ = ["LineSink", "MultiHostSSHHook", "StreamResult"]
 
 _READ_CHUNK = 65536
 _TICK_S = 0.5
+# How long output may still come after the exit status when no EOF comes (a background child
+# of the command holds its stdout open)
+_DRAIN_AFTER_EXIT_S = 2.0
 # A host that vanishes (power, network) sends no FIN or RST: TCP alone would retransmit for
 # about 15 minutes. An SSH keepalive every KEEPALIVE_S leaves data unacknowledged on such a
 # link, and TCP_USER_TIMEOUT drops the connection once data stayed unacknowledged for
@@ -237,6 +240,7 @@ class MultiHostSSHHook(BaseHook):
         out = LineSplitter("stdout", sink, result.tail)
         err = LineSplitter("stderr", sink, result.tail)
         last_output = time.monotonic()
+        exit_seen: float | None = None
         with selectors.DefaultSelector() as selector:
             selector.register(channel, selectors.EVENT_READ)
             while not should_stop():
@@ -247,9 +251,17 @@ class MultiHostSSHHook(BaseHook):
                 while channel.recv_stderr_ready():
                     err.feed(channel.recv_stderr(_READ_CHUNK))
                     got = True
+                if exit_seen is None and channel.exit_status_ready():
+                    exit_seen = time.monotonic()
                 if got:
                     last_output = time.monotonic()
-                elif channel.exit_status_ready() or channel.closed:
+                elif channel.closed or (exit_seen is not None and (
+                        # sshd reports the exit when the command ends, which can be before
+                        # it has read the command's last output from the pipe: the end of
+                        # the output is its EOF, unless a child the command left behind
+                        # holds the pipe open
+                        channel.eof_received
+                        or time.monotonic() - max(exit_seen, last_output) > _DRAIN_AFTER_EXIT_S)):
                     break
                 elif self.cmd_timeout is not None and (
                     time.monotonic() - last_output > self.cmd_timeout

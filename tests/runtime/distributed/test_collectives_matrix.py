@@ -24,8 +24,11 @@ SMALL_SEGMENTS = {"RINGFLOW_SEGMENT_BYTES": "4096", "RINGFLOW_SHM_SLOT_BYTES": "
                   "RINGFLOW_SHM_SMALL_BYTES": "1024", "RINGFLOW_TCP_SMALL_BYTES": "1024",
                   "RINGFLOW_COMM_TIMEOUT": "30",
                   "RINGFLOW_RENDEZVOUS_TIMEOUT": "30"}
+# two-hosts: 127.0.0.2 stands for a second host, ranks alternating between the two, so 4 ranks
+# all-reduce in two levels (shared memory on a host, TCP across) and 3 in one ring;
+# two-hosts-flat: 4 ranks in one ring of shared-memory and TCP hops (RINGFLOW_TWO_LEVEL=0)
 CONFIGS = [(1, "shm"), (2, "shm"), (3, "shm"), (4, "shm"), (2, "tcp"), (3, "tcp"), (4, "tcp"),
-           (4, "two-hosts")]
+           (3, "two-hosts"), (4, "two-hosts"), (4, "two-hosts-flat")]
 
 
 @pytest.fixture(scope="module")
@@ -43,8 +46,10 @@ def results(tmp_path_factory):
             hosts = None
             if transport == "tcp":
                 env["RINGFLOW_TRANSPORT"] = "tcp"
-            if transport == "two-hosts":  # 127.0.0.2 stands for a second host
-                hosts = ["127.0.0.1", "127.0.0.2"] * (world // 2)
+            if transport.startswith("two-hosts"):
+                hosts = (["127.0.0.1", "127.0.0.2"] * world)[:world]
+            if transport == "two-hosts-flat":
+                env["RINGFLOW_TWO_LEVEL"] = "0"
             try:
                 job = spawner("matrix.py", world, env=env, hosts=hosts)
                 codes = job.wait(timeout=90)
@@ -151,6 +156,9 @@ def test_non_contiguous_async_group_and_ring_interfaces(results, world, transpor
         if world > 1:
             np.testing.assert_array_equal(res["recv"],
                                           np.arange(9) + 100 * ((rank - 1) % world))
-        want = {"shm": "shm", "tcp": "tcp", "two-hosts": "tcp+shm"}[transport]
+        want = {"shm": "shm", "tcp": "tcp"}.get(transport, "tcp+shm")
+        if (world, transport, rank) == (3, "two-hosts", 1):
+            want = "tcp"  # ring 0 -> 2 -> 1: both neighbours of rank 1 are on the other host
         if world > 1:
             assert res["transport"].tolist() == [want]
+        assert res["two_level"].tolist() == [(world, transport) == (4, "two-hosts")]

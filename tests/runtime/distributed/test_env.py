@@ -70,3 +70,11 @@ def test_comm_settings_defaults_and_overrides():
         comm_settings({"RINGFLOW_COMM_TIMEOUT": "-1"})
     with pytest.raises(ConfigError, match="RINGFLOW_TRANSPORT"):
         comm_settings({"RINGFLOW_TRANSPORT": "ib"})
+
+
+def test_two_level_all_reduce_is_on_unless_turned_off():
+    assert comm_settings({}).two_level is True
+    assert comm_settings({"RINGFLOW_TWO_LEVEL": "0"}).two_level is False
+    assert comm_settings({"RINGFLOW_TWO_LEVEL": "1"}).two_level is True
+    with pytest.raises(ConfigError, match="RINGFLOW_TWO_LEVEL='maybe'"):
+        comm_settings({"RINGFLOW_TWO_LEVEL": "maybe"})

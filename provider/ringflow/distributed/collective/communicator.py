@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ringflow.distributed.collective import rendezvous, ring
+from ringflow.distributed.collective import rendezvous, ring, twolevel
 from ringflow.distributed.collective.intrahost import IntraHost
 from ringflow.distributed.collective.reduce_op import ReduceOp, ufunc_for
 from ringflow.distributed.collective.transport import shm
@@ -66,6 +66,7 @@ class Communicator:
         self._key = rendezvous.JobKey(job_id, token)
         self._link: Link | None = None
         self._local: IntraHost | None = None
+        self._two_level: twolevel.TwoLevel | None = None
         self._fast_bytes = 0  # all-reduces up to this size take the one-host latency path
         self._segments: list[shm.Segment] = []
         self._goodbye_words: list[tuple[memoryview, int]] = []  # set on an orderly close
@@ -96,6 +97,9 @@ class Communicator:
             self._map_segments()
         elif self.settings.transport != "tcp":
             self._map_channels(right, rpid, left, lpid)
+            layout = twolevel.layout_for([self._ips[r] for r in self.order], self.pos)
+            if layout is not None and self.settings.two_level:
+                self._two_level = self._connect_two_level(layout, deadline)
 
     def _map_channels(self, right: int, rpid: int, left: int, lpid: int) -> None:
         """Shared-memory hops between neighbours of one host in a ring that spans hosts."""
@@ -132,6 +136,39 @@ class Communicator:
             self._link = HopLink(tcp, send, recv)
             self.transport = "tcp+shm"
 
+    def _connect_two_level(self, lay: twolevel.Layout, deadline: Deadline) -> twolevel.TwoLevel:
+        """Shared memory among this host's ranks, and a TCP ring with the ranks at the same
+        local position on the other hosts."""
+        host_ranks = [self.order[p] for p in lay.local_positions()]
+        tag = self._key.tag(b"shm-host", str(self.ring_id), str(lay.host),
+                            *map(str, self.endpoints))
+        names = [shm.segment_name(self._job_id, self.ring_id, tag, i)
+                 for i in range(lay.per_host)]
+        segs, peers = shm.map_group(names, lay.local, self.settings.slot_bytes, self._tcp_barrier)
+        self._segments.extend(segs)
+        self._goodbye_words.append((segs[lay.local].words, shm.LEFT))
+        watch = shm.PeerWatch({host_ranks[i]: pid for i, (pid, _) in peers.items()}, self.ctx,
+                              self.settings.heartbeat_timeout,
+                              {host_ranks[i]: left for i, (_, left) in peers.items()})
+        cross = [self.order[p] for p in lay.cross_positions()]
+        right, left = cross[(lay.host + 1) % lay.hosts], cross[(lay.host - 1) % lay.hosts]
+        listener = rendezvous.listener_for(self.endpoints[self.rank], self._key, self.rank)
+        rsock, _ = rendezvous.connect(self.endpoints[right], self._key, rendezvous.KIND_CROSS,
+                                      self.ring_id, self.rank, right, deadline, self.ctx)
+        lsock, _ = listener.accept(self.ring_id, rendezvous.KIND_CROSS, left, deadline, self.ctx)
+        link = TcpLink(rsock, lsock, right, left, self.ctx, self.settings.heartbeat_timeout)
+        flat = self._link
+
+        def check() -> None:
+            flat.check()
+            link.check()
+            watch.check()
+
+        local = IntraHost(segs, lay.local, host_ranks, self.ctx, check,
+                          self.settings.shm_small_bytes)
+        return twolevel.TwoLevel(lay, local, link, self.settings.tcp_small_bytes,
+                                 self.settings.segment_bytes)
+
     def _shm_tag(self) -> str:
         # which communicator of the job (ring ids repeat across mp groups), unguessable
         return self._key.tag(b"shm", str(self.ring_id), *map(str, self.endpoints))
@@ -139,21 +176,12 @@ class Communicator:
     def _map_segments(self) -> None:
         tag = self._shm_tag()
         names = [shm.segment_name(self._job_id, self.ring_id, tag, p) for p in range(self.nranks)]
-        own = shm.create_segment(names[self.pos], self.settings.slot_bytes)
-        try:
-            self._tcp_barrier()  # every segment exists
-            segs = [own if p == self.pos else shm.open_segment(names[p], self.settings.slot_bytes)
-                    for p in range(self.nranks)]
-            self._tcp_barrier()  # every peer has mapped every segment
-        finally:
-            shm.unlink(names[self.pos])
+        segs, peers = shm.map_group(names, self.pos, self.settings.slot_bytes, self._tcp_barrier)
         self._segments = segs
-        pids = {self.order[p]: segs[p].words[shm.PID] for p in range(self.nranks)
-                if p != self.pos}
-        left = {self.order[p]: (segs[p].words, shm.LEFT) for p in range(self.nranks)
-                if p != self.pos}
-        self._goodbye_words.append((own.words, shm.LEFT))
-        watch = shm.PeerWatch(pids, self.ctx, self.settings.heartbeat_timeout, left)
+        self._goodbye_words.append((segs[self.pos].words, shm.LEFT))
+        watch = shm.PeerWatch({self.order[p]: pid for p, (pid, _) in peers.items()}, self.ctx,
+                              self.settings.heartbeat_timeout,
+                              {self.order[p]: left for p, (_, left) in peers.items()})
 
         def check() -> None:
             self._link.check()
@@ -220,6 +248,9 @@ class Communicator:
             raise
 
     def _all_reduce(self, flat: np.ndarray, ufunc) -> None:
+        if self._two_level is not None:
+            self._two_level.all_reduce(flat, ufunc, self._deadline())
+            return
         if self._local is not None:
             self._local.all_reduce(flat, ufunc, self._deadline())
             return
@@ -369,6 +400,9 @@ class Communicator:
             for words, index in self._goodbye_words:
                 words[index] = 1
         self._goodbye_words = []
+        if self._two_level is not None:
+            self._two_level.close(goodbye=goodbye)
+            self._two_level = None
         if self._link is not None:
             self._link.close(goodbye=goodbye)
             self._link = None
@@ -383,7 +417,12 @@ class Communicator:
 
     def __repr__(self) -> str:
         return (f"Communicator(ring_id={self.ring_id}, rank={self.rank}, nranks={self.nranks}, "
-                f"transport={self.transport!r})")
+                f"transport={self.transport!r}, two_level={self.two_level})")
+
+    @property
+    def two_level(self) -> bool:
+        """Whether all-reduces go in two levels (hosts x ranks per host, twolevel.py)."""
+        return self._two_level is not None
 
 
 # dtypes the one-host latency path reduces as they are (float16 is widened, elsewhere)

@@ -210,6 +210,25 @@ class IntraHost:
         for k in range(plan.nsegments):
             self._all_reduce_round(buf, ufunc, plan, k, sig, gather=False)
 
+    def all_gather_chunks(self, buf: np.ndarray, deadline: Deadline) -> None:
+        """The second half of ``all_reduce`` after ``reduce_scatter``: chunk `pos` of `buf`
+        is this position's, the others are copied in from their positions."""
+        self._deadline = deadline
+        sig = self._signature("all_gather_chunks", buf, None)
+        plan = ring_plan(buf.size, self.n, buf.itemsize, self.slot_bytes // self.n)
+        dt, cap = buf.dtype, plan.segment_elems * buf.itemsize
+        for k in range(plan.nsegments):
+            slot, sig = self._begin_round(sig)
+            a, b = plan.segment(self.pos, k)
+            self._slot_view(self.pos, slot, dt, self.pos * cap, b - a)[...] = buf[a:b]
+            self._post()
+            self._wait_all(self.seq)
+            self._check_sig(slot, sig)
+            for p in self.peers:
+                a, b = plan.segment(p, k)
+                buf[a:b] = self._slot_view(p, slot, dt, p * cap, b - a)
+            self._end_round(slot)
+
     def all_gather(self, buf: np.ndarray, out: np.ndarray, deadline: Deadline) -> None:
         """out[p] = position p's `buf`, for every position (out has shape (n, buf.size))."""
         self._deadline = deadline

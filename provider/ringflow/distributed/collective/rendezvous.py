@@ -46,6 +46,7 @@ NOT_THIS_JOB = b"RFNJ"
 BUSY = b"RFBZ"
 KIND_RING = 1  # a rank's data connection to its right neighbour in a ring
 KIND_P2P = 2  # send/recv from one rank to another
+KIND_CROSS = 3  # a two-level ring's link to the same local position on the next host
 SOCKET_BUFFER = 4 << 20
 HANDSHAKE_SECONDS = 10.0  # the whole server side of one handshake
 MAX_HANDSHAKES = 32  # handshakes in progress at once; more are told BUSY

@@ -72,6 +72,7 @@ def run_others(out: dict) -> None:
     out["ring_all_reduce"] = comm.all_reduce(ring_arr)
     out["ring_all_gather"] = np.stack(comm.all_gather(np.array([rank, rank])))
     out["transport"] = np.array([comm.transport])
+    out["two_level"] = np.array([comm.two_level])
 
 
 def main() -> None:

@@ -163,6 +163,28 @@ def open_segment(name: str, slot_bytes: int) -> Segment:
     return Segment(mm, slot_bytes)
 
 
+def map_group(names: list[str], pos: int, slot_bytes: int,
+              barrier) -> tuple[list[Segment], PeerWatchParts]:
+    """Map the segments of a group of ranks of this host, `names[p]` created by the rank at
+    position p (this one is at `pos`); `barrier()` waits for every rank of the ring. Each
+    name is unlinked once every peer has mapped it. Returns the segments by position and, by
+    position, each peer's (pid, its LEFT word) for a ``PeerWatch``."""
+    own = create_segment(names[pos], slot_bytes)
+    try:
+        barrier()  # every segment exists
+        segs = [own if p == pos else open_segment(names[p], slot_bytes)
+                for p in range(len(names))]
+        barrier()  # every peer has mapped every segment
+    finally:
+        unlink(names[pos])
+    peers = {p: (int(segs[p].words[PID]), (segs[p].words, LEFT)) for p in range(len(names))
+             if p != pos}
+    return segs, peers
+
+
+PeerWatchParts = dict[int, tuple[int, tuple[memoryview, int]]]
+
+
 class PeerWatch:
     """Liveness of the local peers by their pid: gone or zombie = dead; stopped (SIGSTOP)
     for longer than the heartbeat timeout = silent."""
