@@ -12,7 +12,11 @@ loss chart at the end of the log and as `loss.png` in the log folder, and an eve
 Asset `ringflow://ringflow_tp_train/train` carrying the checkpoint, which a downstream DAG can
 be scheduled on (`ringflow_tp_train_evaluate` below is one).
 
-Params reach the training processes on this worker; trigger them from the UI's form or with
+With the "Hosts" params set (`{"hosts": "trainer-a,trainer-b"}`), the same job runs on those
+hosts over SSH (or Open MPI's mpirun) instead: `nproc_per_host` ranks on each, tensor
+parallel inside a host, data parallel across; checkpoints on each host's disk.
+
+Params reach the training processes; trigger them from the UI's form or with
 `airflow dags trigger ringflow_tp_train -c '{"steps": 50}'`; debug a change with
 `airflow tasks test ringflow_tp_train train -t '{"steps": 30}'`. A retry of the task resumes
 from its newest checkpoint (under `~/.ringflow/checkpoints/`).
@@ -24,7 +28,7 @@ from airflow.sdk import DAG, Asset, Param, task
 
 from ringflow_provider.operators.tp_train import TPTrainOperator
 
-JOB, LAYOUT, RUN = "Training job", "Layout", "Run"
+JOB, LAYOUT, HOSTS, RUN = "Training job", "Layout", "Hosts", "Run"
 
 PARAMS = {
     "model": Param("transformer", type="string", enum=["transformer", "mlp"], section=JOB,
@@ -55,6 +59,21 @@ PARAMS = {
                                                 "nproc_per_host"),
     "nproc_per_host": Param(2, type="integer", minimum=1, maximum=64, section=LAYOUT,
                             description="Worker processes (ranks) on this worker"),
+    "hosts": Param("", type="string", section=HOSTS,
+                   pattern=r"^[A-Za-z0-9.,: _-]*$",
+                   description="Train on these hosts over SSH instead of this worker: "
+                               "hostnames or addresses, comma-separated, nproc_per_host "
+                               "ranks on each (each needs python3 and numpy; ringflow is "
+                               "shipped to them). Empty: this Airflow worker"),
+    "launcher": Param("ssh", type="string", enum=["ssh", "mpirun"], section=HOSTS,
+                      description="With hosts: one launcher agent per host over SSH, or "
+                                  "all of them started by Open MPI's mpirun on the first "
+                                  "host"),
+    "ssh_conn_id": Param("ssh_default", type="string", minLength=1, section=HOSTS,
+                         description="With hosts: the ssh connection that reaches them "
+                                     "(its host is replaced by each host)"),
+    "python": Param("python3", type="string", minLength=1, section=HOSTS,
+                    description="With hosts: the interpreter on the hosts"),
     "log_every": Param(10, type="integer", minimum=1, section=RUN,
                        description="A progress line every this many steps"),
 }
@@ -83,6 +102,10 @@ with DAG(
         tensor_parallel_degree="{{ params.tensor_parallel_degree }}",
         nproc_per_host="{{ params.nproc_per_host }}",
         log_every="{{ params.log_every }}",
+        hosts="{{ params.hosts }}",
+        launcher="{{ params.launcher }}",
+        ssh_conn_id="{{ params.ssh_conn_id }}",
+        python="{{ params.python }}",
     )
 
 

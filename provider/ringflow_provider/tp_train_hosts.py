@@ -320,10 +320,13 @@ class MultiHostTraining:
             if rank is None or result.get("status") != "failed":
                 continue
             entry = next((r for r in result.get("ranks", []) if r.get("rank") == rank), {})
-            failed.append((entry.get("ended_at") or float("inf"), agent.index, agent, entry))
+            # as each agent orders its own ranks (ringflow.launch.agent.failure_order): a
+            # rank that failed on its own before one that saw a peer fail first, then by time
+            failed.append(((bool(entry.get("after_peer_failure")),
+                            entry.get("ended_at") or float("inf"), agent.index), agent, entry))
         if not failed:
             return None
-        _, _, agent, entry = min(failed, key=lambda f: (f[0], f[1]))
+        _, agent, entry = min(failed, key=lambda f: f[0])
         return agent, entry
 
 

@@ -97,7 +97,8 @@ def test_the_example_dag_has_typed_params_in_sections_and_declares_its_asset():
     assert task.outlets == [Asset("ringflow://ringflow_tp_train/train")]
     assert set(dag.params.keys()) == {
         "model", "steps", "global_batch_size", "tensor_parallel_degree", "nproc_per_host",
-        "learning_rate", "optimizer_type", "seed", "log_every", "amp", "recompute"}
+        "learning_rate", "optimizer_type", "seed", "log_every", "amp", "recompute",
+        "hosts", "launcher", "ssh_conn_id", "python"}
     for name in dag.params:
         schema = dag.params.get_param(name).schema
         assert schema.get("type") and schema.get("section"), name
@@ -109,6 +110,11 @@ def test_the_example_dag_has_typed_params_in_sections_and_declares_its_asset():
             dag.params["model"]) == (2, 2, "transformer")
     assert (dag.params["amp"], dag.params["recompute"]) == (False, False)
     assert task.amp == "{{ params.amp }}" and task.recompute == "{{ params.recompute }}"
+    # by default the job runs on this worker; the Hosts section moves it to SSH hosts
+    assert (dag.params["hosts"], dag.params["launcher"], dag.params["ssh_conn_id"],
+            dag.params["python"]) == ("", "ssh", "ssh_default", "python3")
+    assert dag.params.get_param("launcher").schema["enum"] == ["ssh", "mpirun"]
+    assert (task.hosts, task.launcher) == ("{{ params.hosts }}", "{{ params.launcher }}")
     downstream = bag.dags["ringflow_tp_train_evaluate"]
     assert list(downstream.timetable.asset_condition.objects) == task.outlets
 

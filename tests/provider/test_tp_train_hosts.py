@@ -260,7 +260,8 @@ def test_a_rank_killed_on_the_second_host_mid_training_fails_the_task_within_15_
     assert not thread.is_alive(), "the task did not fail within 15 s of the rank's death"
     message = str(outcome["error"])
     second = two_hosts[0][1]
+    launch = "\n".join(line for line in log_text(op).splitlines() if "/launch]" in line)
     assert message.startswith(f"training failed: rank 2 on host {second} (pid {pid}) failed "
                               "first with exit code 137 (128+9: SIGKILL)"), \
-        message
+        f"{message[:300]}\n{launch}"
     assert time.monotonic() - killed < 15

@@ -43,6 +43,10 @@ ORPHAN_SWEEP_S = 2.0
 KILL_WAIT_S = 5.0  # after SIGKILL: only a process stuck in the kernel takes longer
 PUMP_JOIN_S = 5.0
 TAIL_LINES = 20
+# after the first failure seen, how long an earlier one has to show (see _root_cause)
+ROOT_CAUSE_GRACE_S = 0.5
+EXITING_WAIT_S = 5.0  # ... and for a rank that reported it began to exit to end
+PUMP_REPORT_S = 0.2
 STDIN_CLOSED_EXIT = 128 + signal.SIGHUP  # the side that started us hung up
 
 
@@ -61,6 +65,20 @@ class Worker:
     @property
     def pgid(self) -> int:
         return self.proc.pid
+
+    @property
+    def began_exit_at(self) -> float | None:
+        """When it began to exit: its own report (a ringflow worker's, before it closes its
+        rings), else when its exit was seen."""
+        reported = self.pump.began_exit_at if self.pump is not None else None
+        if reported is None or self.ended_at is None:
+            return self.ended_at if reported is None else round(reported, 6)
+        return min(round(reported, 6), self.ended_at)
+
+    @property
+    def after_peer_failure(self) -> bool:
+        """It reported that it saw a peer fail before it did (a consequence, not a cause)."""
+        return self.pump is not None and self.pump.after_peer_failure
 
     def check_exit(self) -> bool:
         """Record the exit status once the process ended (without reaping it)."""
@@ -95,6 +113,14 @@ class ExitWaiter:
             self._by_fd.pop(fd, None)
         ended = [w for w in first if w.returncode is None and w.check_exit()]
         return ended + [w for w in self._workers if w.returncode is None and w.check_exit()]
+
+
+def failure_order(w: Worker) -> tuple[bool, float, int]:
+    """Root cause first: a rank that failed on its own (raised, or was killed: no report)
+    before one that failed after seeing a peer fail; then by when each began to exit (a
+    killed rank's time is when its exit was seen, which lags its death by the wake-up of
+    this launcher, while a peer that notices the death may report its own exit sooner)."""
+    return (w.after_peer_failure, w.began_exit_at or float("inf"), w.rank)
 
 
 @dataclass(frozen=True)
@@ -226,7 +252,7 @@ class Agent:
                 return self._signal_cause(trap.received[0])
             for w in waiter.ended(POLL_S):
                 if w.returncode != 0:
-                    return self._failure_cause(w)
+                    return self._failure_cause(self._root_cause(waiter))
             if all(w.returncode is not None for w in self.workers):
                 return Cause("succeeded", 0, f"all {len(self.workers)} ranks exited 0")
             if self.lifeline is not None and self.lifeline.ended.is_set():
@@ -234,6 +260,27 @@ class Agent:
             if time.monotonic() - last_sweep > ORPHAN_SWEEP_S:
                 reap_orphans(self._own_pids())
                 last_sweep = time.monotonic()
+
+    def _root_cause(self, waiter: ExitWaiter) -> Worker:
+        """The failed rank that began to exit first. The first exit seen need not be it: a
+        rank that raised closes its rings on its way out, and a peer that sees them close
+        can end before it does. So wait a moment for more exits and for the reports, and for
+        the ranks that said they are exiting to end."""
+        start = time.monotonic()
+        while True:
+            running = [w for w in self.workers if w.returncode is None]
+            exiting = [w for w in running if w.pump is not None and w.pump.began_exit_at]
+            waited = time.monotonic() - start
+            if not running or waited >= EXITING_WAIT_S or (
+                    waited >= ROOT_CAUSE_GRACE_S and not exiting):
+                break
+            waiter.ended(POLL_S)
+        failed = [w for w in self.workers if w.returncode not in (None, 0)]
+        reports_by = time.monotonic() + PUMP_REPORT_S
+        for w in failed:  # its report, if any, is in the pipe before its exit
+            if w.pump is not None:
+                w.pump.join(timeout=max(0.0, reports_by - time.monotonic()))
+        return min(failed, key=failure_order)
 
     def _failure_cause(self, w: Worker) -> Cause:
         code, how = describe_returncode(w.returncode)
@@ -367,7 +414,8 @@ def _rank_result(w: Worker) -> RankResult:
                 sig = f"signal {-w.returncode}"
     return RankResult(rank=w.rank, local_rank=w.local_rank, pid=w.proc.pid,
                       returncode=w.returncode, exit_code=code, signal=sig,
-                      ended_at=w.ended_at, stopped_by_launcher=w.stopped)
+                      ended_at=w.began_exit_at, after_peer_failure=w.after_peer_failure,
+                      stopped_by_launcher=w.stopped)
 
 
 def _pidfd(pid: int) -> int | None:

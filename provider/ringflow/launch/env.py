@@ -100,6 +100,9 @@ def worker_env(config: LaunchConfig, identity: JobIdentity, endpoints: list[str]
         JOB_ID_VAR: identity.job_id,
         JOB_TOKEN_VAR: identity.token,
         "PYTHONUNBUFFERED": "1",
+        # a ringflow worker reports when it begins to exit (before its peers can see its
+        # rings close and fail in turn), so the launcher names the root cause (logs.py)
+        "RINGFLOW_REPORT_EXIT_TIME": "1",
     })
     threads = str(max(1, cores_available() // config.nproc_per_host))
     for var in THREAD_VARS:

@@ -44,6 +44,23 @@ class Console:
             self.write_line(b"[launch] ", line.encode("utf-8", "replace"))
 
 
+# What a ringflow worker prints on stderr when it begins to exit with rings open
+# (ringflow.distributed.collective.registry, with RINGFLOW_REPORT_EXIT_TIME=1)
+EXIT_TIME_PREFIX = b"ringflow-exit-time "
+
+
+AFTER_PEER_FAILURE = b"after-peer-failure"
+
+
+def _exit_report(line: bytes) -> tuple[float, bool] | None:
+    """(unix time, whether it saw a peer fail first) of an exit report line."""
+    words = line[len(EXIT_TIME_PREFIX):].split()
+    try:
+        return float(words[0]), words[1:] == [AFTER_PEER_FAILURE]
+    except (ValueError, IndexError):
+        return None
+
+
 class LogPump(threading.Thread):
     """Copies one worker's combined stdout+stderr pipe to its log file and the console."""
 
@@ -54,6 +71,8 @@ class LogPump(threading.Thread):
         self._pipe = pipe
         self._console = console
         self._prefix = f"[rank {rank}] ".encode()
+        self.began_exit_at: float | None = None  # the worker's own report (unix time)
+        self.after_peer_failure = False  # ... saying it saw a peer fail before
         self._log = open(log_path, "wb")  # noqa: SIM115 - closed when the pipe ends
 
     def run(self) -> None:
@@ -62,6 +81,11 @@ class LogPump(threading.Thread):
                 chunk = self._pipe.readline(MAX_LINE_BYTES)
                 if not chunk:
                     break
+                if chunk.startswith(EXIT_TIME_PREFIX):
+                    report = _exit_report(chunk)
+                    if report is not None:  # for the launcher, not for people
+                        self.began_exit_at, self.after_peer_failure = report
+                        continue
                 self._log.write(chunk)
                 self._log.flush()
                 self._console.write_line(self._prefix, chunk)

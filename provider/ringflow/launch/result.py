@@ -21,7 +21,10 @@ class RankResult:
     returncode: int | None  # Popen style: -N for signal N; None if it never ended
     exit_code: int | None  # shell style: 128+N for signal N
     signal: str | None  # e.g. "SIGKILL" when a signal ended it
-    ended_at: float | None  # unix time the launcher saw it exit
+    # unix time it began to exit (a ringflow worker reports it before it closes its rings),
+    # else when the launcher saw it exit: what orders failures across hosts
+    ended_at: float | None
+    after_peer_failure: bool  # it reported seeing a peer fail first (not the root cause)
     stopped_by_launcher: bool  # still running when the launcher began stopping the job
 
 

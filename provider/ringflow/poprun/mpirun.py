@@ -33,7 +33,7 @@ INSTANCE_SH = ('"$@"; code=$?; printf "%s %s %s\\n" ' + EXIT_MARK +
 EXIT_LINE = re.compile(rf"^{EXIT_MARK} (\d+) (\d+(?:\.\d+)?)$")
 # A ringflow worker's own line, printed as it begins to exit, before its rings close (so
 # before any peer can fail because of it): with RINGFLOW_REPORT_EXIT_TIME=1 in its env.
-RANK_EXIT_LINE = re.compile(r"^ringflow-exit-time (\d+(?:\.\d+)?)$")
+RANK_EXIT_LINE = re.compile(r"^ringflow-exit-time (\d+(?:\.\d+)?)( after-peer-failure)?$")
 
 
 def exported_names(options: Sequence[str]) -> set[str]:

@@ -138,6 +138,7 @@ class PopRunJob:
         self._watchdog: Watchdog | None = None
         self._exits: list[tuple[float, int, int]] = []
         self._began_exit: dict[int, float] = {}
+        self._after_peer_failure: set[int] = set()  # instances that reported seeing one
 
     # output -------------------------------------------------------------------------------
     def say(self, text: str) -> None:
@@ -197,6 +198,8 @@ class PopRunJob:
                 began = RANK_EXIT_LINE.match(line)
                 if began:  # a ringflow worker about to close its rings
                     self._began_exit.setdefault(instance, float(began.group(1)))
+                    if began.group(2):
+                        self._after_peer_failure.add(instance)
                     return
             if instance is None:
                 if name == "stderr":
@@ -346,15 +349,17 @@ class PopRunJob:
     # after a failure ----------------------------------------------------------------------
     def _first_failure(self, code: int) -> int:
         """Name the instance that failed first and return the job's exit code: its code.
-        First by the hosts' clocks, not by the order mpirun heard of the exits: when a
-        ringflow worker began to exit (before its peers could notice), else when the
-        instance's sh saw it end; mpirun's own report when no instance's came."""
+        An instance whose ringflow worker reported seeing a peer fail first comes after the
+        others; then first by the hosts' clocks, not by the order mpirun heard of the
+        exits: when a ringflow worker began to exit (before its peers could notice), else
+        when the instance's sh saw it end; mpirun's own report when no instance's came."""
         if self._stop_cause is not None:
             return code
-        failed = sorted((min(t, self._began_exit.get(i, t)), i, c)
+        # an instance that saw a peer fail before it did is a consequence, not the cause
+        failed = sorted((i in self._after_peer_failure, min(t, self._began_exit.get(i, t)), i, c)
                         for t, i, c in self._exits if c != 0)
         if failed:
-            _, instance, exit_code = failed[0]
+            _, _, instance, exit_code = failed[0]
             self.say(f"instance {instance} on {self.args.host_of(instance)} failed first with "
                      f"{_how(exit_code)}; every instance was stopped")
             return exit_code

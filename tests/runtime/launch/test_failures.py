@@ -250,3 +250,61 @@ def test_a_daemonized_descendant_that_left_its_group_is_killed_at_the_end(launch
     daemon = int((launcher.dir / "daemon.pid").read_text())
     assert "left its process group" in done.stdout
     wait_for(lambda: not alive(daemon), 5.0, "the daemon to die")
+
+
+@pytest.mark.multiproc
+def test_the_rank_that_began_to_exit_first_is_the_root_cause_though_a_peer_ends_before_it(
+        launcher):
+    """Rank 1 raises; on its way out it closes its rings (so rank 0 fails and ends at once)
+    and then takes 2 s more to end (an atexit handler of its own, run after ringflow's). The
+    launcher names rank 1: it reported when it began to exit, before rank 0 could fail."""
+    launcher.script("worker.py", """
+        import atexit, os, time
+        rank = int(os.environ["PADDLE_TRAINER_ID"])
+        if rank == 1:
+            atexit.register(time.sleep, 2.0)  # registered before ringflow's: runs after it
+        import numpy as np
+        import ringflow.distributed as dist
+        dist.init_parallel_env()
+        for i in range(1000000):
+            dist.all_reduce(np.ones(1024))
+            if rank == 1 and i == 20:
+                raise ValueError("rank 1 gives up on purpose")
+    """)
+    done = launcher.run("--nproc-per-host", "2", "--log-dir", "logs", "worker.py", timeout=60)
+    result = done.result
+    assert (result["status"], result["failed_rank"], result["exit_code"]) == ("failed", 1, 1), \
+        done.stdout
+    by_rank = {r["rank"]: r for r in result["ranks"]}
+    assert by_rank[0]["exit_code"] != 0 and not by_rank[0]["stopped_by_launcher"], done.stdout
+    assert by_rank[1]["ended_at"] < by_rank[0]["ended_at"]
+    assert "rank 1 (local rank 1, host 127.0.0.1" in done.stdout
+    log = (launcher.dir / "logs" / "workerlog.1").read_text()
+    assert "ValueError: rank 1 gives up on purpose" in log
+    assert "ringflow-exit-time" not in done.stdout + log  # for the launcher, not for people
+
+
+@pytest.mark.multiproc
+def test_a_killed_rank_is_the_root_cause_before_the_peer_that_saw_it_die(launcher):
+    """The killed rank reports nothing and its time is when the launcher saw its exit, which
+    can be later than the report of a peer that noticed the death; the peer's report says it
+    saw a peer fail first, so it is never taken for the cause."""
+    launcher.script("worker.py", """
+        import os, signal
+        import numpy as np
+        import ringflow.distributed as dist
+        dist.init_parallel_env()
+        rank = dist.get_rank()
+        for i in range(1000000):
+            dist.all_reduce(np.ones(1024))
+            if rank == 1 and i == 20:
+                os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    done = launcher.run("--nproc-per-host", "2", "worker.py", timeout=60)
+    result = done.result
+    assert (result["status"], result["failed_rank"], result["exit_code"]) == \
+        ("failed", 1, 137), done.stdout
+    by_rank = {r["rank"]: r for r in result["ranks"]}
+    assert (by_rank[1]["signal"], by_rank[1]["after_peer_failure"]) == ("SIGKILL", False)
+    assert by_rank[0]["exit_code"] != 0 and by_rank[0]["after_peer_failure"] is True, \
+        done.stdout

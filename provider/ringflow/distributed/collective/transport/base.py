@@ -23,6 +23,14 @@ _MAX_NAP = 0.0005
 _spin_polls, _yield_polls = _SPIN_POLLS, _YIELD_POLLS
 # Liveness checks cost syscalls; do them only this often while waiting.
 _CHECK_EVERY = 0.05
+# Set once this process saw a comm error that blames a peer (died, left, silent, refused):
+# if it now fails, that is most likely a consequence of the peer's failure, which a
+# launcher naming the root cause wants to know (registry.py reports it at exit).
+_peer_failure_seen = False
+
+
+def peer_failure_seen() -> bool:
+    return _peer_failure_seen
 
 
 @dataclass
@@ -35,6 +43,9 @@ class OpContext:
     host: str = ""
 
     def error(self, peer: int | None, cause: str, timeout: bool = False) -> CommError:
+        global _peer_failure_seen
+        if peer is not None:
+            _peer_failure_seen = True
         who = f"rank {self.rank}" + (f" ({self.host})" if self.host else "")
         peer_txt = f" with peer rank {peer}" if peer is not None else ""
         cls = CommTimeoutError if timeout else CommError
