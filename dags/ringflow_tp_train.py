@@ -59,7 +59,8 @@ PARAMS = {
                                                 "nproc_per_host"),
     "nproc_per_host": Param(2, type="integer", minimum=1, maximum=64, section=LAYOUT,
                             description="Worker processes (ranks) on this worker"),
-    "hosts": Param("", type="string", section=HOSTS,
+    # null, not "": the trigger form sends an emptied text field as null
+    "hosts": Param(None, type=["null", "string"], section=HOSTS,
                    pattern=r"^[A-Za-z0-9.,: _-]*$",
                    description="Train on these hosts over SSH instead of this worker: "
                                "hostnames or addresses, comma-separated, nproc_per_host "
@@ -102,7 +103,7 @@ with DAG(
         tensor_parallel_degree="{{ params.tensor_parallel_degree }}",
         nproc_per_host="{{ params.nproc_per_host }}",
         log_every="{{ params.log_every }}",
-        hosts="{{ params.hosts }}",
+        hosts="{{ params.hosts or '' }}",
         launcher="{{ params.launcher }}",
         ssh_conn_id="{{ params.ssh_conn_id }}",
         python="{{ params.python }}",

@@ -112,9 +112,11 @@ def test_the_example_dag_has_typed_params_in_sections_and_declares_its_asset():
     assert task.amp == "{{ params.amp }}" and task.recompute == "{{ params.recompute }}"
     # by default the job runs on this worker; the Hosts section moves it to SSH hosts
     assert (dag.params["hosts"], dag.params["launcher"], dag.params["ssh_conn_id"],
-            dag.params["python"]) == ("", "ssh", "ssh_default", "python3")
+            dag.params["python"]) == (None, "ssh", "ssh_default", "python3")
     assert dag.params.get_param("launcher").schema["enum"] == ["ssh", "mpirun"]
-    assert (task.hosts, task.launcher) == ("{{ params.hosts }}", "{{ params.launcher }}")
+    assert (task.hosts, task.launcher) == ("{{ params.hosts or '' }}", "{{ params.launcher }}")
+    for value, rendered in ((None, ""), ("trainer-a,trainer-b", "trainer-a,trainer-b")):
+        assert task.render_template(task.hosts, {"params": {"hosts": value}}) == rendered
     downstream = bag.dags["ringflow_tp_train_evaluate"]
     assert list(downstream.timetable.asset_condition.objects) == task.outlets
 
