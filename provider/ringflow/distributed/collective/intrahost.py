@@ -21,7 +21,7 @@ import numpy as np
 
 from ringflow.distributed.collective.ring import RingPlan, pieces, ring_plan
 from ringflow.distributed.collective.transport.base import Deadline, OpContext, spin_wait
-from ringflow.distributed.collective.transport.shm import SEQ, SIG0, Segment
+from ringflow.distributed.collective.transport.shm import SEQ, SIG0, Segment, copy_out
 
 Ufunc = Callable[..., np.ndarray]
 
@@ -199,7 +199,7 @@ class IntraHost:
             self._wait_all(self.seq)
             for p in self.peers:
                 a, b = plan.segment(p, k)
-                buf[a:b] = self._slot_view(p, slot, dt, p * cap, b - a)
+                copy_out(buf[a:b], self._slot_view(p, slot, dt, p * cap, b - a))
         self._end_round(slot)
 
     def reduce_scatter(self, buf: np.ndarray, ufunc: Ufunc, deadline: Deadline) -> None:
@@ -226,7 +226,7 @@ class IntraHost:
             self._check_sig(slot, sig)
             for p in self.peers:
                 a, b = plan.segment(p, k)
-                buf[a:b] = self._slot_view(p, slot, dt, p * cap, b - a)
+                copy_out(buf[a:b], self._slot_view(p, slot, dt, p * cap, b - a))
             self._end_round(slot)
 
     def all_gather(self, buf: np.ndarray, out: np.ndarray, deadline: Deadline) -> None:
@@ -242,7 +242,7 @@ class IntraHost:
             self._check_sig(slot, sig)
             out[self.pos, a:b] = buf[a:b]
             for p in self.peers:
-                out[p, a:b] = self._slot_view(p, slot, buf.dtype, 0, b - a)
+                copy_out(out[p, a:b], self._slot_view(p, slot, buf.dtype, 0, b - a))
             self._end_round(slot)
 
     def broadcast(self, buf: np.ndarray, root_pos: int, deadline: Deadline) -> None:
@@ -257,7 +257,7 @@ class IntraHost:
             self._wait_all(self.seq)
             self._check_sig(slot, sig)
             if self.pos != root_pos:
-                buf[a:b] = self._slot_view(root_pos, slot, buf.dtype, 0, b - a)
+                copy_out(buf[a:b], self._slot_view(root_pos, slot, buf.dtype, 0, b - a))
             self._end_round(slot)
 
 

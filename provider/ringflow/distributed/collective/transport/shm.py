@@ -64,6 +64,29 @@ def channel_name(job_id: str, ring_id: int, tag: str, pos: int) -> str:
     return f"{shm_prefix(job_id)}ring{ring_id}-{tag}-ch{pos}"
 
 
+# glibc's memmove runs up to 13x slower (128-256 KiB, measured here) when source and
+# destination sit at nearly the same offset within a page, which is the common case for a
+# copy out of a slot (slots are page-aligned, numpy puts large buffers 16 bytes into a page);
+# an integer ufunc copies the same bytes without that penalty (about as fast as an unaliased
+# memmove). Small copies do not hit it; from 512 KiB memmove takes another path.
+_ALIASED_COPY_MIN = 16 << 10
+_ALIAS_GAP = 64
+
+
+def copy_out(dst: np.ndarray, src: np.ndarray) -> None:
+    """``dst[...] = src`` for a `src` in shared memory (both contiguous, same shape)."""
+    n = src.nbytes
+    if n >= _ALIASED_COPY_MIN:
+        d, s = dst.ctypes.data, src.ctypes.data
+        gap = (d - s) % 4096
+        if gap < _ALIAS_GAP or gap > 4096 - _ALIAS_GAP:
+            for width, itype in ((8, np.int64), (4, np.int32)):
+                if n % width == 0 and d % width == 0 and s % width == 0:
+                    np.positive(src.reshape(-1).view(itype), out=dst.reshape(-1).view(itype))
+                    return
+    np.copyto(dst, src)
+
+
 class Segment:
     """One mapped segment: `words` (int64 header) and `data` (two slots of bytes)."""
 
@@ -259,7 +282,7 @@ class Channel:
                 continue
             at = self.count % self.cap
             k = min(avail, len(view) - done, self.cap - at)
-            dst[done:done + k] = self.buf[at:at + k]
+            copy_out(dst[done:done + k], self.buf[at:at + k])
             done += k
             self.count += k
             words[self.READ] = self.count

@@ -1,0 +1,47 @@
+"""shm.copy_out: the copy out of a shared-memory slot, which takes another route than memmove
+when source and destination sit at nearly the same offset within a page. Same bytes either
+way, for every dtype, size and offset."""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+import numpy as np
+import pytest
+
+from ringflow.distributed.collective.transport import shm
+
+
+@pytest.fixture
+def segment():
+    name = f"ringflow-copytest{uuid.uuid4().hex[:8]}-p0"
+    seg = shm.create_segment(name, 1 << 20)
+    yield seg
+    seg.close()
+    shm.unlink(name)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64", "int32", "int64", "uint8"])
+@pytest.mark.parametrize("nbytes", [0, 8, 4096, 16 << 10, (128 << 10) + 4, 256 << 10, 1 << 20])
+def test_copy_out_copies_the_same_bytes_at_every_page_offset(segment, dtype, nbytes):
+    dt = np.dtype(dtype)
+    count = nbytes // dt.itemsize
+    rng = np.random.default_rng(nbytes)
+    raw = rng.integers(0, 256, size=count * dt.itemsize, dtype=np.uint8)
+    src = segment.slot(0)[:count * dt.itemsize].view(dt)
+    src[...] = raw.view(dt)
+    backing = np.empty(count * dt.itemsize + 8192, dtype=np.uint8)
+    base = backing.ctypes.data
+    # destinations at the source's page offset (the aliased case) and away from it
+    for gap in (0, 16, 64, 2048, 4096 - 16):
+        start = (src.ctypes.data + gap - base) % 4096
+        start += (-start) % dt.itemsize
+        dst = backing[start:start + count * dt.itemsize].view(dt)
+        dst[...] = 0
+        shm.copy_out(dst, src)
+        assert dst.tobytes() == src.tobytes(), (dtype, nbytes, gap)
+
+
+def test_the_segment_is_page_aligned_as_the_aliasing_rule_assumes(segment):
+    assert segment.slot(0).ctypes.data % os.sysconf("SC_PAGE_SIZE") == 0
