@@ -31,7 +31,7 @@ BENCH_VENV = HERE / ".venv-torch"
 BENCH_PY = BENCH_VENV / "bin" / "python"
 RESULTS = HERE / "results"
 KiB, MiB = 1 << 10, 1 << 20
-SIZES = [4 * KiB, 64 * KiB, MiB, 16 * MiB, 64 * MiB, 256 * MiB]
+SIZES = [4 * KiB, 64 * KiB, 256 * KiB, MiB, 16 * MiB, 64 * MiB, 256 * MiB]
 ORDER = ["ringflow-shm", "ringflow-tcp", "gloo", "mpi", "mpi-tcp", "memcpy", "tcpstream"]
 
 
@@ -177,6 +177,30 @@ def goals(summary: dict) -> str:
     if small:
         met = "yes" if small["time_us"] <= 25 else "no"
         lines.append(f"| shm 4 KiB time | {small['time_us']:.1f} us | <= 25 us | {met} |")
+    return "\n".join(lines) + "\n\n" + goals_10(summary)
+
+
+TIME_GOALS_10 = [(4 * KiB, 1.5), (64 * KiB, 1.0), (256 * KiB, 1.0)]  # shm time / Open MPI's
+COPY_GOAL_10 = (0.9, [16 * MiB, 64 * MiB, 256 * MiB])  # shm busbw / memcpy's
+
+
+def goals_10(summary: dict) -> str:
+    """Issue #10's goals for the shared-memory collectives, in the same run."""
+    lines = ["| goal of #10 (n=2) | measured | goal | met |", "|---|---:|---:|:---:|"]
+    for size, goal in TIME_GOALS_10:
+        a, b = summary.get(("ringflow-shm", size)), summary.get(("mpi", size))
+        if a and b:
+            ratio = a["time_us"] / b["time_us"]
+            lines.append(f"| shm {size_label(size)} time vs Open MPI shm | {a['time_us']:.1f} vs "
+                         f"{b['time_us']:.1f} us = {ratio:.2f}x | <= {goal}x | "
+                         f"{'yes' if ratio <= goal else 'no'} |")
+    goal, sizes = COPY_GOAL_10
+    for size in sizes:
+        a, b = summary.get(("ringflow-shm", size)), summary.get(("memcpy", size))
+        if a and b:
+            ratio = a["busbw"] / b["busbw"]
+            lines.append(f"| shm {size_label(size)} busbw vs the two-core copy limit | "
+                         f"{ratio:.0%} | >= {goal:.0%} | {'yes' if ratio >= goal else 'no'} |")
     return "\n".join(lines)
 
 

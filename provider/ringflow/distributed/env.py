@@ -48,12 +48,20 @@ class CommSettings:
     # sizes of the algorithms (tests lower them to exercise many rounds)
     segment_bytes: int = 1 << 20     # a TCP ring segment
     slot_bytes: int = 1 << 20        # a shared-memory slot
-    # up to this, shared memory hands off in one round: fewer hand-offs beat fewer bytes
-    # reduced per rank up to about 1 MiB for 2 ranks and 512 KiB for 3-4 (measured)
-    shm_small_bytes: int = 512 << 10
+    # up to this, shared memory hands off in one round; None: by the number of ranks (below)
+    shm_small_bytes: int | None = None
     tcp_small_bytes: int = 16 << 10  # up to this, the TCP ring circulates buffers whole
     # a ring of several hosts with several ranks each all-reduces in two levels (twolevel.py)
     two_level: bool = True
+
+    def one_round_bytes(self, ranks: int) -> int:
+        """Up to how many bytes ``ranks`` ranks of one host all-reduce in one round (every
+        rank reduces the whole buffer from every slot) rather than in rounds of chunks: the
+        hand-offs cost more than the extra reduction up to about 1 MiB for 2 ranks and 512
+        KiB for 3 or 4 (measured; README "Collectives")."""
+        if self.shm_small_bytes is not None:
+            return self.shm_small_bytes
+        return (1 << 20) if ranks <= 2 else (512 << 10)
 
 
 _REQUIRED = object()
@@ -179,7 +187,7 @@ def comm_settings(environ: Mapping[str, str] | None = None) -> CommSettings:
         transport="tcp" if transport == "tcp" else "auto",
         segment_bytes=int_var(environ, "RINGFLOW_SEGMENT_BYTES", 64, default=1 << 20),
         slot_bytes=int_var(environ, "RINGFLOW_SHM_SLOT_BYTES", 64, default=1 << 20),
-        shm_small_bytes=int_var(environ, "RINGFLOW_SHM_SMALL_BYTES", 0, default=512 << 10),
+        shm_small_bytes=int_var(environ, "RINGFLOW_SHM_SMALL_BYTES", 0, default=None),
         tcp_small_bytes=int_var(environ, "RINGFLOW_TCP_SMALL_BYTES", 0, default=16 << 10),
         two_level=_bool_var(environ, "RINGFLOW_TWO_LEVEL", True),
     )

@@ -78,3 +78,10 @@ def test_two_level_all_reduce_is_on_unless_turned_off():
     assert comm_settings({"RINGFLOW_TWO_LEVEL": "1"}).two_level is True
     with pytest.raises(ConfigError, match="RINGFLOW_TWO_LEVEL='maybe'"):
         comm_settings({"RINGFLOW_TWO_LEVEL": "maybe"})
+
+
+def test_the_one_round_size_follows_the_ranks_unless_set():
+    s = comm_settings({})
+    assert [s.one_round_bytes(n) for n in (2, 3, 4)] == [1 << 20, 512 << 10, 512 << 10]
+    s = comm_settings({"RINGFLOW_SHM_SMALL_BYTES": "1024"})
+    assert [s.one_round_bytes(n) for n in (2, 4)] == [1024, 1024]

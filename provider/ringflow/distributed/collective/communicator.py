@@ -165,7 +165,7 @@ class Communicator:
             watch.check()
 
         local = IntraHost(segs, lay.local, host_ranks, self.ctx, check,
-                          self.settings.shm_small_bytes)
+                          self.settings.one_round_bytes(lay.per_host))
         return twolevel.TwoLevel(lay, local, link, self.settings.tcp_small_bytes,
                                  self.settings.segment_bytes)
 
@@ -187,9 +187,9 @@ class Communicator:
             self._link.check()
             watch.check()
 
-        self._local = IntraHost(segs, self.pos, self.order, self.ctx, check,
-                                self.settings.shm_small_bytes)
-        self._fast_bytes = min(self.settings.shm_small_bytes, self.settings.slot_bytes)
+        small = self.settings.one_round_bytes(self.nranks)
+        self._local = IntraHost(segs, self.pos, self.order, self.ctx, check, small)
+        self._fast_bytes = min(small, self.settings.slot_bytes)
 
     def _tcp_barrier(self) -> None:
         token = np.zeros(self.nranks, dtype=np.int64)  # one element per chunk: n-1 real hops
