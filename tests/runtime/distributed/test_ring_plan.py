@@ -11,6 +11,7 @@ from ringflow.distributed.collective.ring import (
     reduce_scatter_steps,
     ring_plan,
     split,
+    split_piece,
 )
 
 
@@ -22,6 +23,12 @@ def test_split_covers_the_range_with_sizes_differing_by_at_most_one(count, parts
     assert all(a[1] == b[0] for a, b in itertools.pairwise(bounds))
     sizes = [b - a for a, b in bounds]
     assert max(sizes) - min(sizes) <= 1 and sizes == sorted(sizes, reverse=True)
+
+
+@pytest.mark.parametrize("count,parts", [(0, 1), (0, 4), (1, 4), (7, 3), (1003, 4), (12, 4),
+                                         (1 << 26, 256)])
+def test_split_piece_is_one_piece_of_split(count, parts):
+    assert [split_piece(count, parts, i) for i in range(parts)] == split(count, parts)
 
 
 @pytest.mark.parametrize("count,n,itemsize,seg", [(0, 2, 4, 64), (1, 3, 8, 64), (1003, 4, 4, 64),

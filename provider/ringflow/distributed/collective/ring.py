@@ -31,6 +31,13 @@ def split(count: int, parts: int) -> list[tuple[int, int]]:
     return bounds
 
 
+def split_piece(count: int, parts: int, i: int) -> tuple[int, int]:
+    """``split(count, parts)[i]``."""
+    base, extra = divmod(count, parts)
+    start = i * base + min(i, extra)
+    return start, start + base + (1 if i < extra else 0)
+
+
 @dataclass(frozen=True)
 class RingPlan:
     count: int
@@ -40,9 +47,11 @@ class RingPlan:
     segment_elems: int  # capacity of one segment, in elements
 
     def segment(self, chunk: int, k: int) -> tuple[int, int]:
-        """[start, stop) in the whole buffer of segment k of `chunk` (may be empty)."""
+        """[start, stop) in the whole buffer of segment k of `chunk` (may be empty): piece k
+        of ``split(chunk length, nsegments)``, computed without building the list (a
+        256 MiB buffer has hundreds of segments, asked for several times per round)."""
         start, stop = self.chunks[chunk]
-        a, b = split(stop - start, self.nsegments)[k]
+        a, b = split_piece(stop - start, self.nsegments, k)
         return start + a, start + b
 
 
