@@ -32,7 +32,8 @@ BENCH_PY = BENCH_VENV / "bin" / "python"
 RESULTS = HERE / "results"
 KiB, MiB = 1 << 10, 1 << 20
 SIZES = [4 * KiB, 64 * KiB, 256 * KiB, MiB, 16 * MiB, 64 * MiB, 256 * MiB]
-ORDER = ["ringflow-shm", "ringflow-tcp", "gloo", "mpi", "mpi-tcp", "memcpy", "tcpstream"]
+ORDER = ["ringflow-shm", "ringflow-shm-inplace", "ringflow-tcp", "gloo", "mpi", "mpi-tcp",
+         "memcpy", "tcpstream"]
 
 
 def free_ports(count: int) -> list[int]:
@@ -105,6 +106,8 @@ def one_round(n: int, sizes: list[int], backends: set[str]) -> list[dict]:
     py, recs = sys.executable, []
     if "ringflow-shm" in backends:
         recs += spawn_ranks(py, "ringflow", n, sizes, {})
+    if "ringflow-shm-inplace" in backends:
+        recs += spawn_ranks(py, "ringflow-inplace", n, sizes, {})
     if "ringflow-tcp" in backends:
         recs += spawn_ranks(py, "ringflow", n, sizes, {"RINGFLOW_TRANSPORT": "tcp"})
     if "gloo" in backends:

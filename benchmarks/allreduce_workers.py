@@ -1,6 +1,7 @@
 """Worker side of benchmarks/allreduce.py: one process per rank runs one backend over all sizes
 and rank 0 prints one JSON line per size. Backends: ringflow (shm or TCP, per
-RINGFLOW_TRANSPORT), gloo (torch.distributed), mpi (mpi4py under mpirun), and the two limits:
+RINGFLOW_TRANSPORT; ringflow-inplace: the buffers from comm.shared_array), gloo
+(torch.distributed), mpi (mpi4py under mpirun), and the two limits:
 memcpy (every rank copies at once) and tcpstream (a raw two-way socket stream).
 
 Timing (same for every backend): per size one correctness check, 3 warm-up ops, then 9 timed
@@ -41,9 +42,10 @@ def timed(op, buf, barrier, agree_max) -> tuple[float, int]:
     return statistics.median(per_op), k
 
 
-def run_sizes(label, rank, n, sizes, op, barrier, agree_max, extra=None) -> None:
+def run_sizes(label, rank, n, sizes, op, barrier, agree_max, extra=None, alloc=None) -> None:
     for size in sizes:
-        buf = np.full(size // 4, rank + 1, dtype=np.float32)
+        buf = (alloc or (lambda count: np.empty(count, dtype=np.float32)))(size // 4)
+        buf[:] = rank + 1
         op(buf)
         ok = bool(np.all(buf == n * (n + 1) / 2))
         buf[:] = 0
@@ -71,8 +73,18 @@ def _ringflow_world():
 
 def ringflow(sizes) -> None:
     dist, rank, n, agree_max = _ringflow_world()
-    transport = dist.get_ring(dist.get_group().id).transport
-    run_sizes(f"ringflow-{transport}", rank, n, sizes, dist.all_reduce, dist.barrier, agree_max)
+    comm = dist.get_ring(dist.get_group().id)
+    run_sizes(f"ringflow-{comm.transport}", rank, n, sizes, dist.all_reduce, dist.barrier,
+              agree_max)
+    dist.destroy_process_group()
+
+
+def ringflow_inplace(sizes) -> None:
+    """ringflow over shared memory with the buffers in shared memory (comm.shared_array)."""
+    dist, rank, n, agree_max = _ringflow_world()
+    comm = dist.get_ring(dist.get_group().id)
+    run_sizes("ringflow-shm-inplace", rank, n, sizes, comm.all_reduce, dist.barrier, agree_max,
+              alloc=lambda count: comm.shared_array(count, "float32"))
     dist.destroy_process_group()
 
 
@@ -163,5 +175,5 @@ def tcpstream(sizes) -> None:
 
 if __name__ == "__main__":
     backend, sizes = sys.argv[1], [int(s) for s in sys.argv[2].split(",")]
-    {"ringflow": ringflow, "gloo": gloo, "mpi": mpi, "memcpy": memcpy,
-     "tcpstream": tcpstream}[backend](sizes)
+    {"ringflow": ringflow, "ringflow-inplace": ringflow_inplace, "gloo": gloo, "mpi": mpi,
+     "memcpy": memcpy, "tcpstream": tcpstream}[backend](sizes)

@@ -204,7 +204,12 @@ class Bucket:
         in once, and the view becomes the array the executor reuses for that gradient."""
         buffers = self._buffers.get(ctx.scope)
         if buffers is None:
-            flat = np.zeros(sum(int(np.prod(s)) for s in self.shapes), self.dtype)
+            from ..distributed.collective.registry import get_ring
+
+            # in the ring's shared memory when its ranks share a host, so a large bucket is
+            # all-reduced where it lies (every rank binds its buckets in the same order)
+            flat = get_ring(self.ring_id).shared_array(
+                sum(int(np.prod(s)) for s in self.shapes), self.dtype)
             views, at = [], 0
             for shape in self.shapes:
                 size = int(np.prod(shape))

@@ -16,12 +16,17 @@ from tests.runtime.distributed.workers.bucket_cases import CASES
 
 pytestmark = [pytest.mark.multiproc]
 ENV = {"RINGFLOW_COMM_TIMEOUT": "60"}
-# (world, mp, dtype, transport)
+# the buckets of these small models all-reduce in place in shared memory (comm.shared_array)
+# only above the one-round size, which the -inplace jobs lower to 1 KiB
+IN_PLACE = {"RINGFLOW_SHM_SMALL_BYTES": "1024"}
+# (world, mp, dtype, transport, env)
 JOBS = {
-    "dp2-shm": (2, 1, "float32", "auto"),
-    "dp2-tcp": (2, 1, "float32", "tcp"),
-    "dp4-shm": (4, 1, "float64", "auto"),
-    "mp2xdp2-tcp": (4, 2, "float64", "tcp"),
+    "dp2-shm": (2, 1, "float32", "auto", {}),
+    "dp2-shm-inplace": (2, 1, "float32", "auto", IN_PLACE),
+    "dp2-tcp": (2, 1, "float32", "tcp", {}),
+    "dp4-shm": (4, 1, "float64", "auto", {}),
+    "dp4-shm-inplace": (4, 1, "float64", "auto", IN_PLACE),
+    "mp2xdp2-tcp": (4, 2, "float64", "tcp", {}),
 }
 
 
@@ -31,12 +36,12 @@ def results(tmp_path_factory):
 
     def get(name: str) -> list[dict]:
         if name not in cache:
-            world, mp, dtype, transport = JOBS[name]
+            world, mp, dtype, transport, env = JOBS[name]
             tmp = tmp_path_factory.mktemp(name)
             spawner = Spawner(tmp)
             try:
                 job = spawner("bucket_cases.py", world, args=[str(mp), dtype],
-                              env={**ENV, "RINGFLOW_TRANSPORT": transport})
+                              env={**ENV, "RINGFLOW_TRANSPORT": transport, **env})
                 assert job.wait(timeout=120) == [0] * world, job.output()
                 assert job.shm_segments() == []
             finally:
@@ -54,7 +59,7 @@ def _params(rank: dict, case: str) -> dict:
                 ("|loss", "|buckets", "|threads"))}
 
 
-@pytest.mark.parametrize("job", ["dp2-shm", "dp2-tcp", "mp2xdp2-tcp"])
+@pytest.mark.parametrize("job", ["dp2-shm", "dp2-shm-inplace", "dp2-tcp", "mp2xdp2-tcp"])
 def test_with_two_data_parallel_ranks_every_strategy_trains_bitwise_alike(results, job):
     ranks = results(job)
     for rank in ranks:
@@ -66,8 +71,9 @@ def test_with_two_data_parallel_ranks_every_strategy_trains_bitwise_alike(result
                                               err_msg=f"{case} {name}")
 
 
-def test_with_four_data_parallel_ranks_buckets_agree_within_rounding(results):
-    ranks = results("dp4-shm")
+@pytest.mark.parametrize("job", ["dp4-shm", "dp4-shm-inplace"])
+def test_with_four_data_parallel_ranks_buckets_agree_within_rounding(results, job):
+    ranks = results(job)
     for case in CASES:
         for rank in ranks:          # each rank's own rows: its loss, against its own run
             np.testing.assert_allclose(rank[f"{case}|loss"], rank["per_gradient|loss"],

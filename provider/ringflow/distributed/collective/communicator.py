@@ -69,6 +69,8 @@ class Communicator:
         self._two_level: twolevel.TwoLevel | None = None
         self._fast_bytes = 0  # all-reduces up to this size take the one-host latency path
         self._segments: list[shm.Segment] = []
+        # shared_array: data address of this rank's array -> every position's array
+        self._shared: dict[int, list[np.ndarray]] = {}
         self._goodbye_words: list[tuple[memoryview, int]] = []  # set on an orderly close
         self._p2p: dict[tuple[str, int], socket.socket] = {}
         self._broken: str | None = None
@@ -220,8 +222,42 @@ class Communicator:
         return Deadline(self.settings.comm_timeout)
 
     # -- collectives -------------------------------------------------------------------------
+    def shared_array(self, count: int, dtype: str | np.dtype = "float32") -> np.ndarray:
+        """A zeroed 1-D array that ``all_reduce`` reduces where it lies: in shared memory
+        that every rank of this host maps, so a large all-reduce reads the peers' arrays
+        directly instead of staging through the slots (for the executor's gradient buckets
+        and benchmarks). Collective: every rank calls it in the same order with the same
+        count and dtype. On a ring that is not all on one host it is a plain array."""
+        dt = np.dtype(dtype)
+        if dt not in SUPPORTED or count < 0:
+            raise ExecutionError(f"shared_array: expected a count >= 0 and one of the "
+                                 f"supported dtypes, got {count} of {dt}")
+        if self._local is None or count == 0:
+            return np.zeros(count, dtype=dt)
+        return self._guarded("shared_array", self._map_shared, count, dt)
+
+    def _map_shared(self, count: int, dt: np.dtype) -> np.ndarray:
+        nbytes = count * dt.itemsize
+        tag = self._key.tag(b"shm-array", str(self.ring_id), str(len(self._shared)),
+                            *map(str, self.endpoints))
+        names = [shm.segment_name(self._job_id, self.ring_id, tag, p) for p in range(self.nranks)]
+        half = -(-nbytes // 2)  # a segment's two slots, end to end, hold the array
+        segs, _ = shm.map_group(names, self.pos, half + (-half) % 64, self._tcp_barrier)
+        self._segments.extend(segs)
+        arrays = [seg.data[:nbytes].view(dt) for seg in segs]
+        self._shared[arrays[self.pos].ctypes.data] = arrays
+        return arrays[self.pos]
+
     def all_reduce(self, arr: np.ndarray, op: int = ReduceOp.SUM) -> np.ndarray:
         """Reduce `arr` over the ring in place; every rank ends with identical bytes."""
+        if self._shared and type(arr) is np.ndarray and op != ReduceOp.AVG:
+            arrays = self._shared.get(arr.ctypes.data)
+            if arrays is not None and arrays[self.pos].nbytes == arr.nbytes \
+                    and arr.dtype == arrays[self.pos].dtype and arr.dtype in _FAST_DTYPES \
+                    and arr.nbytes > self._fast_bytes:
+                self._guarded("all_reduce", self._local.all_reduce_in_place, arrays,
+                              ufunc_for(op, arr.dtype), self._deadline())
+                return arr
         local = self._local
         if (local is not None and type(arr) is np.ndarray and arr.dtype in _FAST_DTYPES
                 and arr.flags.c_contiguous and 0 < arr.nbytes <= self._fast_bytes
@@ -407,6 +443,7 @@ class Communicator:
             self._link.close(goodbye=goodbye)
             self._link = None
         self._local = None
+        self._shared.clear()
         for seg in self._segments:
             seg.close()
         self._segments = []
