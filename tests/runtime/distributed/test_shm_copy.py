@@ -1,6 +1,6 @@
 """shm.copy_out: the copy out of a shared-memory slot, which takes another route than memmove
 when source and destination sit at nearly the same offset within a page. Same bytes either
-way, for every dtype, size and offset."""
+way, for every dtype, size and offset. And shm.room_for, which decides about shared arrays."""
 
 from __future__ import annotations
 
@@ -45,3 +45,10 @@ def test_copy_out_copies_the_same_bytes_at_every_page_offset(segment, dtype, nby
 
 def test_the_segment_is_page_aligned_as_the_aliasing_rule_assumes(segment):
     assert segment.slot(0).ctypes.data % os.sysconf("SC_PAGE_SIZE") == 0
+
+
+def test_room_for_compares_with_the_free_space_of_dev_shm():
+    st = os.statvfs("/dev/shm")
+    free = st.f_bavail * st.f_frsize
+    assert shm.room_for(free // 4) is True
+    assert shm.room_for(free) is False  # twice it is wanted: as much again to spare

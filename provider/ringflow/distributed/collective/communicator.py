@@ -193,6 +193,15 @@ class Communicator:
         self._local = IntraHost(segs, self.pos, self.order, self.ctx, check, small)
         self._fast_bytes = min(small, self.settings.slot_bytes)
 
+    def _tcp_all_agree(self, flag: bool) -> bool:
+        """Whether `flag` holds on every rank (over the TCP link)."""
+        votes = np.zeros(self.nranks, dtype=np.int64)  # one element per chunk, as below
+        votes[:] = int(flag)
+        plan = ring.ring_plan(votes.size, self.nranks, 8, self.settings.segment_bytes)
+        ring.ring_all_reduce(votes, np.minimum, self._link, self.pos, self.nranks, plan,
+                             Deadline(self.settings.rendezvous_timeout))
+        return bool(votes.min())
+
     def _tcp_barrier(self) -> None:
         token = np.zeros(self.nranks, dtype=np.int64)  # one element per chunk: n-1 real hops
         plan = ring.ring_plan(token.size, self.nranks, 8, self.settings.segment_bytes)
@@ -227,12 +236,19 @@ class Communicator:
         that every rank of this host maps, so a large all-reduce reads the peers' arrays
         directly instead of staging through the slots (for the executor's gradient buckets
         and benchmarks). Collective: every rank calls it in the same order with the same
-        count and dtype. On a ring that is not all on one host it is a plain array."""
+        count and dtype. On a ring that is not all on one host, or when /dev/shm lacks the
+        room, it is a plain array."""
         dt = np.dtype(dtype)
         if dt not in SUPPORTED or count < 0:
             raise ExecutionError(f"shared_array: expected a count >= 0 and one of the "
                                  f"supported dtypes, got {count} of {dt}")
         if self._local is None or count == 0:
+            return np.zeros(count, dtype=dt)
+        # every rank must choose alike: shared memory only if /dev/shm has room on all.
+        # Agreed (and mapped) over the TCP link, not through the slots, which a bucket's
+        # all-reduce on the communication thread may be using meanwhile.
+        room = shm.room_for(count * dt.itemsize * self.nranks)
+        if not self._guarded("shared_array", self._tcp_all_agree, room):
             return np.zeros(count, dtype=dt)
         return self._guarded("shared_array", self._map_shared, count, dt)
 

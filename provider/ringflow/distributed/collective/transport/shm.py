@@ -119,6 +119,13 @@ def create_segment(name: str, slot_bytes: int) -> Segment:
     try:
         os.fchmod(fd, 0o600)   # exactly, whatever the umask
         os.ftruncate(fd, HEADER + 2 * slot_bytes)
+        try:
+            # the pages now: a full /dev/shm is an error here, not a SIGBUS at first touch
+            os.posix_fallocate(fd, 0, HEADER + 2 * slot_bytes)
+        except OSError as exc:
+            unlink(name)
+            raise CommError(f"cannot reserve {HEADER + 2 * slot_bytes} bytes in {path}: "
+                            f"{exc.strerror} ({SHM_DIR} is full or too small?)") from None
         mm = mmap.mmap(fd, HEADER + 2 * slot_bytes)
     finally:
         os.close(fd)
@@ -184,6 +191,15 @@ def open_segment(name: str, slot_bytes: int) -> Segment:
     finally:
         os.close(fd)
     return Segment(mm, slot_bytes)
+
+
+def room_for(nbytes: int) -> bool:
+    """Whether /dev/shm has room for `nbytes` more with as much again to spare."""
+    try:
+        st = os.statvfs(SHM_DIR)
+    except OSError:
+        return False
+    return st.f_bavail * st.f_frsize >= 2 * nbytes
 
 
 def map_group(names: list[str], pos: int, slot_bytes: int,
