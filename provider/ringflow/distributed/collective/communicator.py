@@ -6,21 +6,20 @@ collectives on numpy arrays.
 
 from __future__ import annotations
 
-import socket
-import struct
 from collections.abc import Sequence
 
 import numpy as np
 
 from ringflow.distributed.collective import rendezvous, ring, twolevel
 from ringflow.distributed.collective.intrahost import IntraHost
+from ringflow.distributed.collective.p2p import PointToPoint
+from ringflow.distributed.collective.placement import resolve, ring_order
 from ringflow.distributed.collective.reduce_op import ReduceOp, ufunc_for
 from ringflow.distributed.collective.transport import shm
 from ringflow.distributed.collective.transport.base import (
     Deadline,
     Link,
     OpContext,
-    byte_view,
     note_local_ranks,
 )
 from ringflow.distributed.collective.transport.hops import HopLink
@@ -29,24 +28,6 @@ from ringflow.distributed.env import CommSettings, Endpoint, parse_endpoint
 from ringflow.errors import CommError, ExecutionError
 
 SUPPORTED = {np.dtype(t) for t in ("float16", "float32", "float64", "int32", "int64")}
-_P2P_HEADER = struct.Struct("!q8s")
-
-
-def ring_order(endpoints: Sequence[Endpoint], ips: Sequence[str]) -> list[int]:
-    """Ranks host-major: grouped by IP in order of first appearance, rank order inside, so
-    only host-boundary hops cross the network."""
-    hosts: list[str] = []
-    for ip in ips:
-        if ip not in hosts:
-            hosts.append(ip)
-    return sorted(range(len(endpoints)), key=lambda r: (hosts.index(ips[r]), r))
-
-
-def resolve(ep: Endpoint) -> str:
-    try:
-        return socket.gethostbyname(ep.host)
-    except OSError:
-        return ep.host
 
 
 class Communicator:
@@ -72,7 +53,7 @@ class Communicator:
         # shared_array: data address of this rank's array -> every position's array
         self._shared: dict[int, list[np.ndarray]] = {}
         self._goodbye_words: list[tuple[memoryview, int]] = []  # set on an orderly close
-        self._p2p: dict[tuple[str, int], socket.socket] = {}
+        self._p2p = PointToPoint(ring_id, rank, eps, self._key, settings, self.ctx)
         self._broken: str | None = None
         ips = [resolve(e) for e in eps]
         self.order = ring_order(eps, ips)
@@ -394,49 +375,13 @@ class Communicator:
     # -- point to point ------------------------------------------------------------------------
     def send(self, arr: np.ndarray, dst: int) -> None:
         self._check_rank(dst, "send destination")
-        self._guarded("send", self._send, _working(arr, "send", widen=False), dst)
-
-    def _send(self, work: np.ndarray, dst: int) -> None:
-        sock = self._p2p.get(("to", dst))
-        if sock is None:
-            deadline = Deadline(self.settings.rendezvous_timeout)
-            sock, _ = rendezvous.connect(self.endpoints[dst], self._key, rendezvous.KIND_P2P,
-                                         self.ring_id, self.rank, dst, deadline, self.ctx)
-            sock.settimeout(self.settings.comm_timeout)
-            self._p2p[("to", dst)] = sock
-        try:
-            sock.sendall(_P2P_HEADER.pack(work.nbytes, work.dtype.str.encode()))
-            sock.sendall(byte_view(work.reshape(-1)))
-        except OSError as exc:
-            raise self.ctx.error(dst, f"sending to rank {dst} failed: {exc}") from None
+        self._guarded("send", self._p2p.send, _working(arr, "send", widen=False), dst)
 
     def recv(self, arr: np.ndarray, src: int) -> np.ndarray:
         self._check_rank(src, "recv source")
         work = _working(arr, "recv", widen=False)
-        self._guarded("recv", self._recv, work, src)
+        self._guarded("recv", self._p2p.recv, work, src)
         return _write_back(arr, work)
-
-    def _recv(self, work: np.ndarray, src: int) -> None:
-        sock = self._p2p.get(("from", src))
-        if sock is None:
-            listener = rendezvous.listener_for(self.endpoints[self.rank], self._key, self.rank)
-            sock, _ = listener.accept(self.ring_id, rendezvous.KIND_P2P, src,
-                                      Deadline(self.settings.rendezvous_timeout), self.ctx)
-            sock.settimeout(self.settings.comm_timeout)
-            self._p2p[("from", src)] = sock
-        try:
-            nbytes, dt = _P2P_HEADER.unpack(rendezvous.recv_exact(sock, _P2P_HEADER.size))
-            if nbytes != work.nbytes or dt.rstrip(b"\0") != work.dtype.str.encode():
-                raise self.ctx.error(src, f"rank {src} sent {nbytes} bytes of {dt.decode()!r}, "
-                                     f"expected {work.nbytes} bytes of {work.dtype.str!r}")
-            view, got = byte_view(work.reshape(-1)), 0
-            while got < len(view):
-                n = sock.recv_into(view[got:])
-                if n == 0:
-                    raise ConnectionError(f"rank {src} closed the connection")
-                got += n
-        except (OSError, ConnectionError) as exc:
-            raise self.ctx.error(src, f"receiving from rank {src} failed: {exc}") from None
 
     # -- teardown ------------------------------------------------------------------------------
     def _check_rank(self, r: int, what: str) -> None:
@@ -463,9 +408,7 @@ class Communicator:
         for seg in self._segments:
             seg.close()
         self._segments = []
-        for sock in self._p2p.values():
-            sock.close()
-        self._p2p.clear()
+        self._p2p.close()
         rendezvous.drop_ring(self.ring_id)
 
     def __repr__(self) -> str:
