@@ -247,11 +247,11 @@ class Communicator:
 
     def all_reduce(self, arr: np.ndarray, op: int = ReduceOp.SUM) -> np.ndarray:
         """Reduce `arr` over the ring in place; every rank ends with identical bytes."""
-        if self._shared and type(arr) is np.ndarray and op != ReduceOp.AVG:
+        if self._shared and type(arr) is np.ndarray and arr.nbytes > self._fast_bytes \
+                and op != ReduceOp.AVG:  # (the size first: no address lookup on small ones)
             arrays = self._shared.get(arr.ctypes.data)
             if arrays is not None and arrays[self.pos].nbytes == arr.nbytes \
-                    and arr.dtype == arrays[self.pos].dtype and arr.dtype in _FAST_DTYPES \
-                    and arr.nbytes > self._fast_bytes:
+                    and arr.dtype == arrays[self.pos].dtype and arr.dtype in _FAST_DTYPES:
                 self._guarded("all_reduce", self._local.all_reduce_in_place, arrays,
                               ufunc_for(op, arr.dtype), self._deadline())
                 return arr
