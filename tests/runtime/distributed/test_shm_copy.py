@@ -52,3 +52,28 @@ def test_room_for_compares_with_the_free_space_of_dev_shm():
     free = st.f_bavail * st.f_frsize
     assert shm.room_for(free // 4) is True
     assert shm.room_for(free) is False  # twice it is wanted: as much again to spare
+
+
+def test_a_full_dev_shm_is_a_comm_error_when_the_segment_is_made_not_a_sigbus_later():
+    """In a mount namespace whose /dev/shm is a 1 MiB tmpfs (root: as `make test` runs)."""
+    import subprocess
+    import sys
+
+    if os.geteuid() != 0:
+        pytest.fail("needs root for a mount namespace (make test and CI run as root)",
+                    pytrace=False)
+    code = ("from ringflow.distributed.collective.transport import shm\n"
+            "from ringflow.errors import CommError\n"
+            "try:\n"
+            "    shm.create_segment('ringflow-fulltest-p0', 4 << 20)\n"
+            "except CommError as exc:\n"
+            "    print('CommError:', exc)\n"
+            "import os; print('left:', os.listdir('/dev/shm'))\n")
+    done = subprocess.run(
+        ["unshare", "--mount", "--", "sh", "-c",
+         'mount -t tmpfs -o size=1m tmpfs /dev/shm && exec "$0" -c "$1"', sys.executable, code],
+        capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "CommError: cannot reserve 8392704 bytes in /dev/shm/ringflow-fulltest-p0: No space " \
+           "left on device (/dev/shm is full or too small?)" in done.stdout, done.stdout
+    assert "left: []" in done.stdout  # the half-made segment is gone
