@@ -71,9 +71,8 @@ class Worker:
         """When it began to exit: its own report (a ringflow worker's, before it closes its
         rings), else when its exit was seen."""
         reported = self.pump.began_exit_at if self.pump is not None else None
-        if reported is None or self.ended_at is None:
-            return self.ended_at if reported is None else round(reported, 6)
-        return min(round(reported, 6), self.ended_at)
+        known = [t for t in (reported, self.ended_at) if t is not None]
+        return round(min(known), 6) if known else None
 
     @property
     def after_peer_failure(self) -> bool:

@@ -127,12 +127,11 @@ class Communicator:
                             *map(str, self.endpoints))
         names = [shm.segment_name(self._job_id, self.ring_id, tag, i)
                  for i in range(lay.per_host)]
-        segs, peers = shm.map_group(names, lay.local, self.settings.slot_bytes, self._tcp_barrier)
+        segs = shm.map_group(names, lay.local, self.settings.slot_bytes, self._tcp_barrier)
         self._segments.extend(segs)
         self._goodbye_words.append((segs[lay.local].words, shm.LEFT))
-        watch = shm.PeerWatch({host_ranks[i]: pid for i, (pid, _) in peers.items()}, self.ctx,
-                              self.settings.heartbeat_timeout,
-                              {host_ranks[i]: left for i, (_, left) in peers.items()})
+        watch = shm.group_watch(segs, lay.local, host_ranks, self.ctx,
+                                self.settings.heartbeat_timeout)
         cross = [self.order[p] for p in lay.cross_positions()]
         right, left = cross[(lay.host + 1) % lay.hosts], cross[(lay.host - 1) % lay.hosts]
         listener = rendezvous.listener_for(self.endpoints[self.rank], self._key, self.rank)
@@ -159,12 +158,11 @@ class Communicator:
     def _map_segments(self) -> None:
         tag = self._shm_tag()
         names = [shm.segment_name(self._job_id, self.ring_id, tag, p) for p in range(self.nranks)]
-        segs, peers = shm.map_group(names, self.pos, self.settings.slot_bytes, self._tcp_barrier)
+        segs = shm.map_group(names, self.pos, self.settings.slot_bytes, self._tcp_barrier)
         self._segments = segs
         self._goodbye_words.append((segs[self.pos].words, shm.LEFT))
-        watch = shm.PeerWatch({self.order[p]: pid for p, (pid, _) in peers.items()}, self.ctx,
-                              self.settings.heartbeat_timeout,
-                              {self.order[p]: left for p, (_, left) in peers.items()})
+        watch = shm.group_watch(segs, self.pos, self.order, self.ctx,
+                                self.settings.heartbeat_timeout)
 
         def check() -> None:
             self._link.check()
@@ -239,7 +237,7 @@ class Communicator:
                             *map(str, self.endpoints))
         names = [shm.segment_name(self._job_id, self.ring_id, tag, p) for p in range(self.nranks)]
         half = -(-nbytes // 2)  # a segment's two slots, end to end, hold the array
-        segs, _ = shm.map_group(names, self.pos, half + (-half) % 64, self._tcp_barrier)
+        segs = shm.map_group(names, self.pos, half + (-half) % 64, self._tcp_barrier)
         self._segments.extend(segs)
         arrays = [seg.data[:nbytes].view(dt) for seg in segs]
         self._shared[arrays[self.pos].ctypes.data] = arrays

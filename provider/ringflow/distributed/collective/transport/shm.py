@@ -202,12 +202,10 @@ def room_for(nbytes: int) -> bool:
     return st.f_bavail * st.f_frsize >= 2 * nbytes
 
 
-def map_group(names: list[str], pos: int, slot_bytes: int,
-              barrier) -> tuple[list[Segment], PeerWatchParts]:
+def map_group(names: list[str], pos: int, slot_bytes: int, barrier) -> list[Segment]:
     """Map the segments of a group of ranks of this host, `names[p]` created by the rank at
     position p (this one is at `pos`); `barrier()` waits for every rank of the ring. Each
-    name is unlinked once every peer has mapped it. Returns the segments by position and, by
-    position, each peer's (pid, its LEFT word) for a ``PeerWatch``."""
+    name is unlinked once every peer has mapped it. Returns the segments by position."""
     own = create_segment(names[pos], slot_bytes)
     try:
         barrier()  # every segment exists
@@ -216,12 +214,16 @@ def map_group(names: list[str], pos: int, slot_bytes: int,
         barrier()  # every peer has mapped every segment
     finally:
         unlink(names[pos])
-    peers = {p: (int(segs[p].words[PID]), (segs[p].words, LEFT)) for p in range(len(names))
-             if p != pos}
-    return segs, peers
+    return segs
 
 
-PeerWatchParts = dict[int, tuple[int, tuple[memoryview, int]]]
+def group_watch(segs: list[Segment], pos: int, ranks: list[int], ctx: OpContext,
+                stopped_limit: float) -> PeerWatch:
+    """The liveness watch of a group mapped by ``map_group``: every peer (`ranks[p]` is the
+    rank at position p) by the pid and the LEFT word in its segment's header."""
+    peers = [p for p in range(len(segs)) if p != pos]
+    return PeerWatch({ranks[p]: int(segs[p].words[PID]) for p in peers}, ctx, stopped_limit,
+                     {ranks[p]: (segs[p].words, LEFT) for p in peers})
 
 
 class PeerWatch:
