@@ -48,6 +48,7 @@ ROWS = {
     "ringflow-dp4-shm": ("ringflow", 4, 1, "auto"),
     "ringflow-mp2dp2-shm": ("ringflow", 4, 2, "auto"),
 }
+UPDATE_OPS = ("adam", "adamw", "lamb", "lars_momentum", "momentum", "sgd")
 FOUR_RANK_SHAPES = ("A", "T")   # B with 4 full replicas on 2 cores takes minutes a run
 QUIET = ts.QUIET
 
@@ -118,7 +119,7 @@ def run_ringflow(shape: str) -> dict | None:
     full = make(0, 0, batch)
     feed = {k: v[dp_rank * batch // dp:(dp_rank + 1) * batch // dp] for k, v in full.items()}
     warmup, steps = STEPS[shape]
-    times, comm, waited = [], [], []
+    times, comm, waited, update = [], [], [], []
     for k in range(warmup + steps):
         busy0 = sum(s.busy_s for s in exe._streams.values())
         exe.reset_profile()
@@ -131,12 +132,16 @@ def run_ringflow(shape: str) -> dict | None:
                         + stats.get("bucket_allreduce", (0, 0.0))[1] * (not exe._streams))
             waited.append(sum(stats.get(t, (0, 0.0))[1]
                               for t in ("bucket_wait", "c_sync_comm_stream")))
+            update.append(sum(stats.get(t, (0, 0.0))[1] for t in UPDATE_OPS))
     if rank != 0:
         return None
     plan = exe.prepared(main, [loss])
     return {"step_ms": [1e3 * t for t in times], "buckets": len(plan.buckets),
             "comm_ms": 1e3 * statistics.median(comm), "waited_ms": 1e3 * statistics.median(waited),
-            "overlap": bool(exe._streams)}
+            "overlap": bool(exe._streams), "update_ms": 1e3 * statistics.median(update),
+            "update_threads": os.environ.get("RINGFLOW_NUM_THREADS"),
+            "blas_threads": os.environ.get("OPENBLAS_NUM_THREADS"),
+            "blas_timeout": os.environ.get("OPENBLAS_THREAD_TIMEOUT")}
 
 
 def run_numpy(shape: str) -> dict:
@@ -208,8 +213,12 @@ def _commands(row: str, shape: str, torch_py: str | None) -> list[tuple[list[str
     kind, ranks, mp, transport = ROWS[row]
     me = [str(Path(__file__).resolve()), "--worker", kind, "--shape", shape]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PADDLE_", "RINGFLOW_"))}
-    if kind == "ringflow" and ranks > 1:
-        env.update(BENCH_MP=str(mp), RINGFLOW_TRANSPORT=transport)
+    if kind == "ringflow":
+        # every ringflow row runs as users run it, under the launcher (one process too: its
+        # threads, BLAS and update, are the launcher's defaults)
+        env.update(BENCH_MP=str(mp))
+        if transport:
+            env.update(RINGFLOW_TRANSPORT=transport)
         return [([sys.executable, "-m", "ringflow.launch", "--nproc-per-host", str(ranks),
                   "--log-dir", "/tmp/ringflow-bench-logs", *me], env)]
     threads = "2" if ranks == 1 else "1"
@@ -312,9 +321,9 @@ def render(records: list[dict]) -> str:
     groups: dict[tuple[str, str], list[dict]] = {}
     for r in records:
         groups.setdefault((r["shape"], r["row"]), []).append(r)
-    lines = ["| shape | row | ms/step | steps/s | vs ringflow-1p | vs torch DDP | buckets | "
-             "comm ms | hidden ms | quiet runs |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| shape | row | ms/step | steps/s | vs ringflow-1p | vs torch DDP | update ms | "
+             "buckets | comm ms | hidden ms | quiet runs |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for shape in SHAPES:
         base = groups.get((shape, "ringflow-1p"))
         ddp = groups.get((shape, "torch-ddp-dp2"))
@@ -326,7 +335,9 @@ def render(records: list[dict]) -> str:
             vs1 = f"{_median_ms(base)[0] / ms:.2f}x" if base else ""
             vsd = f"{_median_ms(ddp)[0] / ms:.2f}x" if ddp else ""
             use = [r for r in recs if r["foreign"] < QUIET] or recs
-            comm = hidden = buckets = ""
+            comm = hidden = buckets = update = ""
+            if "update_ms" in use[0]:
+                update = f"{statistics.median(r['update_ms'] for r in use):.1f}"
             if "buckets" in use[0] and ROWS[row][1] // ROWS[row][2] > 1:
                 buckets = str(use[0]["buckets"])
                 c = statistics.median(r["comm_ms"] for r in use)
@@ -334,7 +345,8 @@ def render(records: list[dict]) -> str:
                 comm = f"{c:.1f}"
                 hidden = f"{max(c - w, 0.0):.1f}" if use[0].get("overlap") else "0 (sync)"
             lines.append(f"| {shape} | {row} | {ms:.1f}{'' if nq else '*'} | {1e3 / ms:.2f} | "
-                         f"{vs1} | {vsd} | {buckets} | {comm} | {hidden} | {nq}/{n} |")
+                         f"{vs1} | {vsd} | {update} | {buckets} | {comm} | {hidden} | "
+                         f"{nq}/{n} |")
     return "\n".join(lines) + "\n"
 
 

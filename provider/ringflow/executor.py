@@ -222,6 +222,8 @@ class Executor:
         # program -> {(version, strategy, fetch names): Plan}
         self._plans: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._streams: dict[int, CommStream] = {}
+        # scope -> the flat buffers of fused update steps (compiler/fuse_optimizer.py)
+        self._flat_state: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         # Opt-in per-op timing (``profile=True`` or RINGFLOW_PROFILE=1): op type ->
         # [calls, seconds inside its kernel]; read with ``profile_stats()``.
         if profile is None:
@@ -288,6 +290,11 @@ class Executor:
     def adopt(self, name: str, arr: np.ndarray) -> None:
         """``arr`` becomes the array kernels may reuse and update in place for ``name``."""
         self._owned[name] = arr
+
+    def flat_state(self, scope: Scope) -> dict:
+        """The flat parameter and optimizer-state buffers the fused update steps of this
+        executor laid out in ``scope`` (shared by every plan that runs there)."""
+        return self._flat_state.setdefault(scope, {})
 
     def comm_stream(self, ring_id: int) -> CommStream:
         """The communication thread of ring ``ring_id`` (made on first use)."""
@@ -401,6 +408,7 @@ class Executor:
             stream.close()
         self._streams.clear()
         self._owned.clear()
+        self._flat_state = weakref.WeakKeyDictionary()
         self._plans = weakref.WeakKeyDictionary()
 
 

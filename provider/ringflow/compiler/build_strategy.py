@@ -18,6 +18,11 @@ class BuildStrategy:
       most ``fuse_grad_size_in_MB`` (Paddle's default 32), one flat buffer each, the
       gradients views into it; a bucket is all-reduced as soon as its last gradient is
       written.
+    - ``fuse_all_optimizer_ops``: the update ops of one kind (sgd, momentum, adam, adamw,
+      lamb, lars_momentum) with one learning rate and the same attributes become one step
+      over their parameters and state laid end to end (gradient buckets read as they lie);
+      results are bitwise the same. On by default (Paddle's default is off; here it costs
+      nothing in results).
     - ``overlap_comm``: run bucket all-reduces on a communication thread while the backward
       pass goes on (True), on the calling thread (False), or per ring (None: overlap where
       the ring crosses hosts over TCP, not among the ranks of one host, whose shared-memory
@@ -27,6 +32,7 @@ class BuildStrategy:
     fuse_gemm_epilogue: bool = True
     fuse_all_reduce_ops: bool = True
     fuse_grad_size_in_MB: float = 32.0
+    fuse_all_optimizer_ops: bool = True
     overlap_comm: bool | None = None
 
     def __post_init__(self) -> None:

@@ -1,7 +1,8 @@
 """A prepared program: the steps the executor runs, each an op (the program's own, or one
-that stands for several of them) and its kernel. ``prepare`` builds it in three named passes:
+that stands for several of them) and its kernel. ``prepare`` builds it in four named passes:
 take the gradient all-reduces out (``buckets.extract``), fuse GEMM epilogues
-(``fuse_gemm.fuse``), put the buckets back as launch and wait steps (``buckets.place``)."""
+(``fuse_gemm.fuse``), put the buckets back as launch and wait steps (``buckets.place``),
+fuse the update ops (``fuse_optimizer.fuse``)."""
 
 from __future__ import annotations
 
@@ -67,7 +68,7 @@ def program_steps(program: Program) -> list[Step]:
 def prepare(program: Program, strategy: BuildStrategy, keep: Iterable[str] = ()) -> Plan:
     """The plan ``program`` runs as under ``strategy``; variables in ``keep`` (a run's
     fetch targets) are never fused away."""
-    from . import buckets, fuse_gemm
+    from . import buckets, fuse_gemm, fuse_optimizer
 
     keep = frozenset(keep)
     steps = program_steps(program)
@@ -80,6 +81,8 @@ def prepare(program: Program, strategy: BuildStrategy, keep: Iterable[str] = ())
     made: list[Any] = []
     if pending is not None:
         steps, made = buckets.place(steps, pending, program.global_block(), strategy)
+    if strategy.fuse_all_optimizer_ops:
+        steps = fuse_optimizer.fuse(steps, program.global_block())
     return Plan(steps, hidden, made)
 
 

@@ -6,12 +6,13 @@ memory is streamed about once per array. numpy's ufuncs release the GIL, so disj
 of one array can be updated by several threads at once (the update is elementwise, so the
 result does not depend on how the range is cut).
 
-Threads are opt-in (``RINGFLOW_NUM_THREADS``, default 1): in a training step the update
-follows the backward GEMMs, after which OpenBLAS's worker threads spin for about 0.1 s
-waiting for more work, so a second update thread shares its core with a spinning one.
-Measured in the train-step benchmark (2 cores, 2 BLAS threads), the pool made the update
-slower for 1 M-element tensors and no faster for 16 M-element ones; on an update run alone
-it is 1.5-1.7x faster.
+Threads: ``RINGFLOW_NUM_THREADS`` (default 1). The launcher sets it for every rank to the
+rank's BLAS thread count, and sets ``OPENBLAS_THREAD_TIMEOUT=18``: in a training step the
+update follows the backward GEMMs, after which OpenBLAS's idle workers spin for 2^28 cycles
+(about 0.1 s) by default, so a second update thread would share its core with a spinning
+one (measured on 2 cores: no gain at all); with 2^18 cycles they sleep after ~0.1 ms and
+two update threads make Adam in the step 1.4-1.9x faster (README, "Parallel training
+steps"). On an update run alone the pool is 1.3-1.9x faster.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ import numpy as np
 # Elements per chunk: 128 Ki float32 = 512 KiB per array. Measured on the project machine
 # (Zen 3, 512 KiB L2, 32 MiB L3), Adam over 4.2 M and 54.6 M parameters: 32 Ki-element
 # chunks lose more to per-call overhead (12 ufunc calls per chunk) than they win in L2
-# hits; 1 Mi-element chunks fall out of cache.
+# hits; 1 Mi-element chunks fall out of cache. Measured again on a 1 MiB-L2 EPYC
+# (2026-12-02): 64-256 Ki within noise of each other, 16 Ki 1.2-1.4x slower.
 CHUNK = 131072
 # Below this many elements a second thread costs more than it saves.
 MIN_PARALLEL = 2 * CHUNK

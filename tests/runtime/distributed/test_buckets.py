@@ -1,6 +1,7 @@
 """Gradient buckets and the communication thread in real jobs: the same MLP trained with
 per-gradient all-reduces, one bucket, many tiny buckets (on the calling thread, on a
-communication thread, and by the transport's default) and without GEMM fusion gives, per
+communication thread, and by the transport's default), without GEMM fusion and without
+update fusion gives, per
 step, the same losses (each rank's, on its rows) and the same final parameters: bitwise
 with two data-parallel ranks (a + b == b + a), within rounding with four; every replica's
 parameters bitwise equal to the others'. Each
@@ -56,7 +57,7 @@ def _params(rank: dict, case: str) -> dict:
     prefix = f"{case}|"
     return {k[len(prefix):]: v for k, v in rank.items()
             if k.startswith(prefix) and k.count("|") == 1 and not k.endswith(
-                ("|loss", "|buckets", "|threads"))}
+                ("|loss", "|buckets", "|threads", "|spans"))}
 
 
 @pytest.mark.parametrize("job", ["dp2-shm", "dp2-shm-inplace", "dp2-tcp", "mp2xdp2-tcp"])
@@ -116,3 +117,16 @@ def test_a_rank_dying_with_buckets_in_flight_fails_the_other_naming_it(tmp_path,
         assert job.shm_segments() == []
     finally:
         spawner.close()
+
+
+@pytest.mark.parametrize("job", ["dp2-shm", "dp2-shm-inplace", "dp2-tcp"])
+def test_the_fused_update_sweeps_each_bucket_as_one_buffer(results, job):
+    rank = results(job)[0]
+    spans = {case: rank[f"{case}|spans"].tolist() for case in CASES}
+    buckets = {case: int(rank[f"{case}|buckets"]) for case in CASES}
+    # one Adam step for all parameters; its gradients are read where the buckets put them
+    assert spans["one_bucket"] == [1]
+    assert spans["tiny_sync"] == spans["tiny_overlap"] == [buckets["tiny_sync"]]
+    # without buckets the step lays the gradients end to end itself
+    assert spans["per_gradient"] == [1]
+    assert spans["unfused_update"] == []

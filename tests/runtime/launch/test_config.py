@@ -151,6 +151,23 @@ def test_thread_counts_are_set_only_where_unset(tmp_path, script):
     assert env["MKL_NUM_THREADS"] == "7"
     assert int(env["OMP_NUM_THREADS"]) >= 1
     assert env["OMP_NUM_THREADS"] == env["OPENBLAS_NUM_THREADS"]
+    # the update runs on the rank's BLAS threads; OpenBLAS's idle workers sleep soon
+    assert env["RINGFLOW_NUM_THREADS"] == env["OPENBLAS_NUM_THREADS"]
+    assert env["OPENBLAS_THREAD_TIMEOUT"] == "18"
+
+
+@pytest.mark.parametrize("base, threads, timeout", [
+    ({"OPENBLAS_NUM_THREADS": "3"}, "3", "18"),
+    ({"OPENBLAS_NUM_THREADS": "3", "RINGFLOW_NUM_THREADS": "1"}, "1", "18"),
+    ({"OPENBLAS_THREAD_TIMEOUT": "28", "RINGFLOW_NUM_THREADS": ""}, None, "28"),
+])
+def test_update_threads_and_the_blas_timeout_follow_what_is_set(tmp_path, script, base,
+                                                                 threads, timeout):
+    config = parse(tmp_path, "--nproc-per-host", "2", "--base-port", "7000", "train.py")
+    identity, _ = resolve_identity({})
+    env = worker_env(config, identity, plan_endpoints(config), 1, base)
+    assert env["RINGFLOW_NUM_THREADS"] == (threads or env["OPENBLAS_NUM_THREADS"])
+    assert env["OPENBLAS_THREAD_TIMEOUT"] == timeout
 
 
 @pytest.mark.parametrize("argv, message", [

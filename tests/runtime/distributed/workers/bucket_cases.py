@@ -1,8 +1,11 @@
 """Worker: one MLP job trained under several BuildStrategies (per-gradient all-reduces,
-one bucket, many tiny buckets with and without a communication thread, no fusion), each
+one bucket, many tiny buckets with and without a communication thread, no GEMM fusion, no
+update fusion), each
 from the same initial parameters, writing per case the per-step losses and the final
 parameters to rank<N>.npz (``<case>|loss``, ``<case>|<param>``), and ``<case>|buckets``,
-``<case>|threads`` (how many communication threads the executor started)."""
+``<case>|threads`` (how many communication threads the executor started) and
+``<case>|spans`` (per fused update step, how many runs of gradients lying end to end it
+swept)."""
 
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ CASES = {
     "tiny_overlap": dict(fuse_grad_size_in_MB=0.004, overlap_comm=True),
     "tiny_auto": dict(fuse_grad_size_in_MB=0.004),
     "unfused": dict(fuse_gemm_epilogue=False),
+    "unfused_update": dict(fuse_all_optimizer_ops=False),
 }
 STEPS, BATCH, SEED = 4, 16, 5
 
@@ -63,6 +67,9 @@ def main() -> None:
         out[f"{case}|loss"] = np.array(losses)
         out[f"{case}|buckets"] = np.array(len(exe.prepared(compiled, [model.loss]).buckets))
         out[f"{case}|threads"] = np.array(len(exe._streams))
+        # per fused update step, the spans of gradients it swept at once
+        out[f"{case}|spans"] = np.array(
+            [len(f._spans) for f in exe.flat_state(scope).values()], dtype=np.int64)
         for p in program.all_parameters():
             out[f"{case}|{p.name}"] = np.array(scope[p.name])
         exe.close()
