@@ -146,7 +146,7 @@ class FusedUpdate:
         store = ctx.executor.flat_state(ctx.scope)
         flat = store.get(self.key)
         values = ctx.scope._vars
-        if flat is None or not flat.fits(ctx, self):
+        if flat is None or not flat.fits(ctx):
             flat = store[self.key] = _Flat(ctx, self)
         for slot, names in self.state.items():
             for name, view in zip(names, flat.views[slot]):
@@ -279,7 +279,7 @@ class _Flat:
         self._grads: list[np.ndarray] = []
         self._spans: list[tuple[int, int, np.ndarray]] = []
 
-    def fits(self, ctx, fused: FusedUpdate) -> bool:
+    def fits(self, ctx) -> bool:
         """Whether the parameters still have the shapes and dtype laid out."""
         params = ctx.inputs("Param")
         return [p.shape for p in params] == self.shapes and all(
