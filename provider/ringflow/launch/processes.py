@@ -36,8 +36,9 @@ class Prctl:
         (some container inits never do) and see escapees that left their group."""
         return self._call(PR_SET_CHILD_SUBREAPER, 1)
 
-    def child_setup(self, parent_pid: int) -> Callable[[], None]:
-        """A preexec_fn: the child gets SIGKILL when the thread that forked it dies.
+    def child_setup(self, parent_pid: int,
+                    death_signal: int = signal.SIGKILL) -> Callable[[], None]:
+        """A preexec_fn: the child gets `death_signal` when the thread that forked it dies.
 
         PDEATHSIG is bound to the forking thread, so the launcher forks from its main
         thread only, and before any other thread exists (preexec_fn is unsafe with threads).
@@ -47,9 +48,9 @@ class Prctl:
 
         def setup() -> None:
             if prctl is not None:
-                prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+                prctl(PR_SET_PDEATHSIG, death_signal, 0, 0, 0)
             if os.getppid() != parent_pid:
-                os._exit(128 + signal.SIGKILL)
+                os._exit(128 + death_signal)
 
         return setup
 
