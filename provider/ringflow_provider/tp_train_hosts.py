@@ -31,8 +31,8 @@ from ringflow.launch.result import parse_result_line
 from ringflow.poprun.leftovers import stop_task_command
 from ringflow_provider.hooks.multi_ssh import MultiHostSSHHook
 from ringflow_provider.jobs.ssh import SSHJob
+from ringflow_provider.launchers.shipping import Prepared, prepare_hosts
 from ringflow_provider.remote_job import TASK_MARK_VAR, JobId, find_executable_command
-from ringflow_provider.shipping import Prepared, prepare_hosts
 
 __all__ = ["PORT_RANGE", "HostAgent", "MultiHostTraining", "failure_message", "tag_line"]
 
@@ -334,8 +334,8 @@ def failure_message(training: MultiHostTraining) -> tuple[str, int]:
     """(what the task fails with, the exit code that decides about a retry): the rank that
     failed first across the hosts with its cause and its log's tail (its agent prints it),
     else the first agent that ended badly (an SSH stream lost, a launcher error)."""
-    from ringflow_provider.tp_train import failure_cause
-    from ringflow_provider.tp_train_args import how
+    from ringflow_provider.tp_train.args import how
+    from ringflow_provider.tp_train.report import failure_cause
 
     first = training.first_failure()
     if first is None:

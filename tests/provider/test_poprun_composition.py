@@ -159,7 +159,7 @@ def test_rendered_command_runs_as_exactly_the_argv_in_a_real_shell(tmp_path):
 
 def test_a_dict_rendered_as_python_text_is_read_exactly():
     """`{{ params.x }}` of a dict param renders Python's repr, not JSON."""
-    from ringflow_provider.models import json_text
+    from ringflow_provider.rendered import json_text
 
     assert json_text("{'a': 'None', 'b': \"it's\", 'c': None, 'd': True}") == {
         "a": "None", "b": "it's", "c": None, "d": True}

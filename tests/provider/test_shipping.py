@@ -16,9 +16,9 @@ import paramiko
 import pytest
 
 from ringflow.errors import LaunchError
-from ringflow_provider import shipping
 from ringflow_provider.hooks.multi_ssh import MultiHostSSHHook
-from ringflow_provider.shipping import (
+from ringflow_provider.launchers import shipping
+from ringflow_provider.launchers.shipping import (
     CACHE_DIR,
     MARKER,
     preflight,

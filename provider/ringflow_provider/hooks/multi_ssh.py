@@ -6,7 +6,7 @@ host name from the job. What this adds: bounded connects (no retries, banner and
 by the same timeout), whole-line streaming (`ringflow_provider.jobs.lines`) with an optional
 inactivity limit, SFTP sessions with a deadline on every reply, and errors that name the
 host. `ringflow_provider.jobs.SSHJob` runs a job's lifecycle on top of it;
-`ringflow_provider.shipping` ships the runtime with it.
+`ringflow_provider.launchers.shipping` ships the runtime with it.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from ringflow.errors import LaunchError, RingflowError
 from ringflow_provider.hooks.multi_ssh import MultiHostSSHHook
 from ringflow_provider.jobs.masking import Secrets
 from ringflow_provider.jobs.ssh import ON_KILL_BUDGET_S, SSHJob
-from ringflow_provider.models import check_host
+from ringflow_provider.launchers.shipping import prepare_hosts
 from ringflow_provider.poprun import (
     FIELD_NAMES,
     PopRunConfig,
@@ -31,13 +31,13 @@ from ringflow_provider.poprun import (
     secret_values,
     validate_field,
 )
+from ringflow_provider.poprun.models import check_host
 from ringflow_provider.remote_job import (
     KILL_GRACE_S,
     JobId,
     find_executable_command,
     sweep_command,
 )
-from ringflow_provider.shipping import prepare_hosts
 
 __all__ = ["CPU_POPRUN", "ON_KILL_BUDGET_S", "PopRunOperator"]
 

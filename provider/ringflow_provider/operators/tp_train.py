@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import secrets as token_source
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -26,18 +27,7 @@ from ringflow.train.checkpoint import latest_checkpoint
 from ringflow_provider.hooks.multi_ssh import MultiHostSSHHook
 from ringflow_provider.jobs import LocalJob, Secrets
 from ringflow_provider.remote_job import JobId
-from ringflow_provider.tp_train import (
-    SPEC_FIELDS,
-    JobReport,
-    failure_cause,
-    launcher_argv,
-    parse_spec,
-    path_part,
-    plot_loss,
-    progress_line,
-    text_chart,
-)
-from ringflow_provider.tp_train_args import (
+from ringflow_provider.tp_train.args import (
     base_port,
     connections,
     env_dict,
@@ -49,6 +39,14 @@ from ringflow_provider.tp_train_args import (
     ringflow_home,
     try_number,
 )
+from ringflow_provider.tp_train.report import (
+    JobReport,
+    failure_cause,
+    plot_loss,
+    progress_line,
+    text_chart,
+)
+from ringflow_provider.tp_train.spec import SPEC_FIELDS, parse_spec, path_part
 from ringflow_provider.tp_train_hosts import MultiHostTraining, failure_message, tag_line
 
 __all__ = ["DEFAULT_CHECKPOINT_DIR", "DEFAULT_LOG_DIR", "TPTrainOperator", "ringflow_home"]
@@ -351,7 +349,8 @@ class TPTrainOperator(BaseOperator):
             env.pop(name, None)  # they come on stdin only
         line = encode_secrets({"RINGFLOW_JOB_TOKEN": token,
                                **{k: str(v) for k, v in secret_env.items()}})
-        argv = launcher_argv(nproc, str(log_dir), str(spec_path))
+        argv = [sys.executable, "-m", "ringflow.launch", "--stdin", "--nproc-per-host",
+                str(nproc), "--log-dir", str(log_dir), "-m", "ringflow.train", str(spec_path)]
         first = {"step": None}
 
         def on_line(stream: str, text: str) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 
 from ringflow import naming
 from ringflow.errors import ConfigError
-from ringflow_provider.models import json_text
+from ringflow_provider.rendered import json_text
 
 LAUNCHERS = ("ssh", "mpirun")
 

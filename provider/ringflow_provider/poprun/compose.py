@@ -17,7 +17,12 @@ from pydantic import ValidationError
 
 from ringflow.errors import ConfigError
 from ringflow_provider.jobs.masking import MASK, MIN_MASKED_LEN, mask_text, secret_env_values
-from ringflow_provider.models import FIELD_NAMES, RESERVED_ENV, PopRunConfig, validate_field
+from ringflow_provider.poprun.models import (
+    FIELD_NAMES,
+    RESERVED_ENV,
+    PopRunConfig,
+    validate_field,
+)
 
 __all__ = [
     "FIELD_NAMES",

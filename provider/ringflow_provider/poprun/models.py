@@ -7,8 +7,6 @@ operator does for literal arguments at DAG parse time); the cross-field rules of
 
 from __future__ import annotations
 
-import ast
-import json
 import re
 from typing import Annotated, Any
 
@@ -25,6 +23,7 @@ from pydantic import (
 from ringflow import naming
 from ringflow.errors import ConfigError
 from ringflow_provider.jobs.masking import is_secret_name
+from ringflow_provider.rendered import json_text, none_text
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # mpirun's `-x NAME=VALUE` and --mpi-global-args tokens sit inside whitespace-separated poprun
@@ -44,31 +43,6 @@ RESERVED_ENV = frozenset(
         "PADDLE_RANK_IN_NODE",
     }
 )
-
-
-def json_text(value: Any, what: str = "value") -> Any:
-    """A template renders lists and dicts to text: accept their JSON form, and Python's
-    literal form (what ``{{ params.x }}`` of a dict or list param renders to)."""
-    if isinstance(value, str) and value.strip()[:1] in ("[", "{"):
-        try:
-            return json.loads(value)
-        except json.JSONDecodeError as exc:
-            try:
-                literal = ast.literal_eval(value.strip())
-            except (ValueError, SyntaxError):
-                raise ValueError(f"{what}: expected JSON text, got {value!r} ({exc.msg})") \
-                    from None
-            if isinstance(literal, (list, dict)):
-                return literal
-            raise ValueError(f"{what}: expected JSON text, got {value!r}") from None
-    return value
-
-
-def none_text(value: Any) -> Any:
-    """An optional field rendered from a None param arrives as '' or 'None'."""
-    if isinstance(value, str) and value.strip() in ("", "None", "null"):
-        return None
-    return value
 
 
 def _parse_hosts(value: Any) -> Any:

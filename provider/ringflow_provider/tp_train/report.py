@@ -1,84 +1,16 @@
-"""TPTrainOperator's boundary and reporting, without Airflow: the job spec's pydantic model
-(built from ``ringflow.train.spec.JobSpec``), the local command line, the progress line a
-person reads, the loss history from the job's lines, a text chart and the loss plot."""
+"""TPTrainOperator's reporting, without Airflow: the progress line a person reads, the loss
+history from the job's lines, a rank's last words, a text chart and the loss plot."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import re
-import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
-from pydantic import BeforeValidator, ConfigDict, Field, ValidationError, create_model
-
-from ringflow.errors import ConfigError
 from ringflow.launch.result import parse_result_line
 from ringflow.train.metrics import METRIC, SUMMARY, parse_train_line
-from ringflow.train.spec import FIELD_DOCS, FIELD_MINIMUMS, JobSpec
-from ringflow_provider.models import json_text, none_text
-
-SPEC_FIELDS = tuple(f.name for f in dataclasses.fields(JobSpec))
-_DICT_FIELDS = {"model_args", "optimizer", "lr_schedule"}
-_LIST_FIELDS = {"recompute"}    # true/false, or a list that may arrive as JSON text
-_OPTIONAL = {"lr_schedule", "grad_clip", "checkpoint_dir"}
-
-
-def _field(f: dataclasses.Field) -> tuple[Any, Any]:
-    default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-    before = []
-    if f.name in _OPTIONAL:
-        before.append(BeforeValidator(none_text))
-    if f.name in _DICT_FIELDS | _LIST_FIELDS:
-        before.append(BeforeValidator(lambda v, name=f.name: json_text(v, name)))
-    extra = {"ge": FIELD_MINIMUMS[f.name]} if f.name in FIELD_MINIMUMS else {}
-    annotated = Annotated[(f.type, *before)] if before else f.type
-    return annotated, Field(default, description=FIELD_DOCS[f.name], **extra)
-
-
-#: the job spec at the Airflow boundary: pydantic (extra="forbid") over JobSpec's fields,
-#: with lax coercion of what templates render ("200" -> 200, JSON text -> dict)
-TPTrainSpec = create_model("TPTrainSpec", __config__=ConfigDict(extra="forbid"),
-                           **{f.name: _field(f) for f in dataclasses.fields(JobSpec)})
-
-
-def parse_spec(values: Mapping[str, Any]) -> JobSpec:
-    """The rendered operator arguments as a JobSpec; a ValueError names the field and the
-    value (pydantic's checks, then the runtime's own rules, the same messages a host gives)."""
-    try:
-        model = TPTrainSpec(**values)
-    except ValidationError as exc:
-        raise ValueError(_pydantic_message(exc)) from None
-    try:
-        return JobSpec.from_dict(model.model_dump())
-    except ConfigError as exc:
-        raise ValueError(str(exc)) from None
-
-
-def _pydantic_message(exc: ValidationError) -> str:
-    parts = []
-    for err in exc.errors():
-        where = ".".join(str(p) for p in err["loc"]) or "spec"
-        parts.append(f"{where}: {err['msg']} (got {err.get('input')!r})")
-    return "; ".join(parts)
-
-
-def launcher_argv(nproc_per_host: int, log_dir: str, spec_path: str,
-                  python: str = sys.executable) -> list[str]:
-    """This host's launcher agent running ``ringflow.train``; secrets come on its stdin."""
-    return [python, "-m", "ringflow.launch", "--stdin", "--nproc-per-host", str(nproc_per_host),
-            "--log-dir", log_dir, "-m", "ringflow.train", spec_path]
-
-
-_UNSAFE_PATH = re.compile(r"[^A-Za-z0-9._+=@-]")
-
-
-def path_part(text: str) -> str:
-    """A dag, run or task id as one path component (run ids hold ':' and '+')."""
-    cleaned = _UNSAFE_PATH.sub("_", text).strip(".")
-    return cleaned or "_"
 
 
 # progress -----------------------------------------------------------------------------------

@@ -1,0 +1,1 @@
+"""Launching a job on hosts: one `Launcher` interface, backends registered by name."""
