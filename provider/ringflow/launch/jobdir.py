@@ -142,6 +142,7 @@ class Peek:
     size: int
     data: bytes  # whole lines of output.log from the offset asked for
     shown: int
+    lease_age: float | None  # seconds since the lease was renewed, by the job host's clock
 
     @property
     def state(self) -> str:
@@ -162,7 +163,9 @@ def peek(job_dir: Path, offset: int, max_bytes: int) -> Peek:
         size = os.fstat(f.fileno()).st_size
         f.seek(offset)
         data = f.read(max(0, min(max_bytes, size - offset)))
-    return Peek(status, alive, size, whole_lines(data), shown_offset(job_dir))
+    age = lease_age(job_dir)
+    return Peek(status, alive, size, whole_lines(data), shown_offset(job_dir),
+                None if age is None else float(int(age)))
 
 
 def peek_command(job_dir: str, offset: int, max_bytes: int) -> str:
@@ -178,6 +181,7 @@ def peek_command(job_dir: str, offset: int, max_bytes: int) -> str:
         f'if [ -e "$d/{LOCK}" ] && ! flock -n -s "$d/{LOCK}" true 2>/dev/null; '
         f"then echo alive; else echo gone; fi; "
         f'wc -c < "$d/{OUTPUT}" 2>/dev/null || echo 0; '
+        f'm=$(stat -c %Y "$d/{LEASE}" 2>/dev/null) && echo $(( $(date +%s) - m )) || echo -; '
         f'cat "$d/{LEASE}" 2>/dev/null; printf "\\n%s\\n" {sep}; '
         f'tail -c +{int(offset) + 1} "$d/{OUTPUT}" 2>/dev/null | head -c {int(max_bytes)}'
     )
@@ -204,13 +208,14 @@ def parse_peek(out: bytes) -> Peek:
         status = json.loads(head) if head.strip() else None
     except ValueError:
         status = None
-    words = middle.split(b"\n", 2)
+    words = middle.split(b"\n", 3) + [b""] * 3
     alive = words[0].strip() == b"alive"
-    size = int(words[1]) if len(words) > 1 and words[1].strip().isdigit() else 0
+    size = int(words[1]) if words[1].strip().isdigit() else 0
+    age = float(max(0, int(words[2]))) if words[2].strip().lstrip(b"-").isdigit() else None
     try:
-        lease = json.loads(words[2]) if len(words) > 2 and words[2].strip() else {}
+        lease = json.loads(words[3]) if words[3].strip() else {}
     except ValueError:
         lease = {}
     shown = lease.get("shown") if isinstance(lease, dict) else None
     return Peek(status if isinstance(status, dict) else None, alive, size, whole_lines(data),
-                shown if isinstance(shown, int) and shown >= 0 else 0)
+                shown if isinstance(shown, int) and shown >= 0 else 0, age)

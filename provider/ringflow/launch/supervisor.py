@@ -256,6 +256,7 @@ class Supervisor:
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=KILL_WAIT_S)
         reap_orphans(set())
+        self._end_output_with_newline()
         removed = sweep_shm(self.status.get("job_id"))
         code, how = describe_returncode(returncode)
         cause = self.status.get("cause") if self._stop else None
@@ -264,6 +265,17 @@ class Supervisor:
                            shm_removed=removed)
         self._write_status()
         return code
+
+    def _end_output_with_newline(self) -> None:
+        """Once the job ended every line of output.log is whole: a watcher that shows whole
+        lines only then shows all of it."""
+        path = self.dir / jobdir.OUTPUT
+        with contextlib.suppress(OSError), open(path, "rb+") as f:
+            size = f.seek(0, os.SEEK_END)
+            if size:
+                f.seek(size - 1)
+                if f.read(1) != b"\n":
+                    f.write(b"\n")
 
     def _write_status(self) -> None:
         jobdir.write_json(self.dir / jobdir.STATUS, self.status)
@@ -412,7 +424,7 @@ def follow_main(ns: argparse.Namespace) -> int:
         look = jobdir.peek(job_dir, offset, _READ_BYTES * 16)
         ended = look.state in (jobdir.ENDED, jobdir.LOST)
         data = look.data
-        if ended and not data and offset < look.size:  # a last line without its newline
+        if ended and not data and offset < look.size:  # a lost job's last, unended line
             data = _read_raw(job_dir, offset, _READ_BYTES * 16)
         if data:
             if not _write_out(data):

@@ -238,13 +238,13 @@ class HostPython:
 
 
 def preflight(hooks: Hooks, hosts: Sequence[str], python: str = "python3",
-              timeout: float = TIMEOUT_S) -> dict[str, HostPython]:
-    """`python` on every host (at once) is at least ringflow's Python floor and imports a
-    numpy at least at its floor; else one LaunchError naming every failing host and what
-    was found there."""
+              timeout: float = TIMEOUT_S, numpy: bool = True) -> dict[str, HostPython]:
+    """`python` on every host (at once) is at least ringflow's Python floor and (unless
+    `numpy` is False: the host runs only ringflow's job supervisor) imports a numpy at least
+    at its floor; else one LaunchError naming every failing host and what was found there."""
     def check(host: str) -> HostPython:
         code, out, err = _hook(hooks, host).run(host, probe_command(python), timeout=timeout)
-        return read_probe(host, python, code, out, err)
+        return read_probe(host, python, code, out, err, numpy)
 
     return _on_every_host(hosts, check, "preflight")
 
@@ -253,7 +253,8 @@ def probe_command(python: str) -> str:
     return f"{shlex.quote(python)} -c {shlex.quote(_PROBE)}"
 
 
-def read_probe(host: str, python: str, code: int, out: str, err: str) -> HostPython:
+def read_probe(host: str, python: str, code: int, out: str, err: str,
+               numpy: bool = True) -> HostPython:
     """The probe's answer, or LaunchError saying what is missing or too old on `host`."""
     found = dict(line.split(" ", 2)[1:] for line in out.splitlines()
                  if line.startswith(f"{_TAG} ") and line.count(" ") >= 2)
@@ -267,6 +268,8 @@ def read_probe(host: str, python: str, code: int, out: str, err: str) -> HostPyt
     if version < PYTHON_FLOOR:
         raise LaunchError(f"host {host!r}: {python} is Python {found['python']}, older than "
                           f"ringflow's floor {text(PYTHON_FLOOR)}")
+    if not numpy:
+        return HostPython(host, python, version, found.get("numpy", ""))
     if "no-numpy" in found:
         raise LaunchError(f"host {host!r}: {python} has no numpy ({found['no-numpy']}; "
                           "pip/apt install numpy)")
@@ -292,16 +295,18 @@ class Prepared:
     def describe(self) -> str:
         """One task-log line: what the host runs and whether the cache had the runtime."""
         how = "uploaded" if self.shipped.uploaded_files else "reused"
+        numpy = (f"with numpy {self.python.numpy_version}" if self.python.numpy_version
+                 else "(numpy not needed there)")
         return (f"host {self.python.host}: {self.python.python} is Python "
-                f"{text(self.python.python_version)} with numpy {self.python.numpy_version}; "
+                f"{text(self.python.python_version)} {numpy}; "
                 f"runtime {how} at {self.shipped.pythonpath}")
 
 
 def prepare_hosts(hooks: Hooks, hosts: Sequence[str], python: str = "python3",
-                  timeout: float = TIMEOUT_S) -> dict[str, Prepared]:
+                  timeout: float = TIMEOUT_S, numpy: bool = True) -> dict[str, Prepared]:
     """Preflight every host, then ship the runtime to all of them; use
     ``PYTHONPATH=<result[host].shipped.pythonpath> <python> -m ringflow.launch ...``."""
-    found = preflight(hooks, hosts, python, timeout)
+    found = preflight(hooks, hosts, python, timeout, numpy)
     shipped = ship_runtime(hooks, hosts, timeout=timeout)
     return {host: Prepared(found[host], shipped[host]) for host in hosts}
 

@@ -3,14 +3,15 @@ history from the job's lines, a rank's last words, a text chart and the loss plo
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ringflow.launch.result import parse_result_line
-from ringflow.train.metrics import METRIC, SUMMARY, parse_train_line
+from ringflow_provider.launchers.lines import METRIC, RESULT, SUMMARY, JobLine
+from ringflow_provider.launchers.outcome import AgentOutcome
 
 
 # progress -----------------------------------------------------------------------------------
@@ -34,30 +35,48 @@ def progress_line(metric: Mapping[str, Any], steps: int, first_step: int = 1) ->
     return "  ".join(parts)
 
 
-class JobReport:
-    """What the job's output says: metric lines (the loss history), the summary, and the
-    launcher's result line."""
+class JobReport(AgentOutcome):
+    """What the job's output says: rank 0's metric lines (the loss history), its summary, and
+    what each agent said (`AgentOutcome`)."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.history: list[tuple[int, float]] = []
         self.summary: dict[str, Any] | None = None
-        self.result: dict[str, Any] | None = None
 
-    def feed(self, line: str) -> tuple[str, dict[str, Any]] | None:
-        """Records a machine line; returns ("metric"|"summary"|"result", payload) or None."""
-        parsed = parse_train_line(line)
-        if parsed is not None:
-            kind, payload = parsed
-            if kind == METRIC and isinstance(payload.get("step"), int):
-                self.history.append((payload["step"], float(payload["loss"])))
-            elif kind == SUMMARY:
-                self.summary = payload
-            return parsed
-        result = parse_result_line(line)
-        if result is not None:
-            self.result = result
-            return "result", result
-        return None
+    def feed(self, line: JobLine) -> None:
+        super().feed(line)
+        if line.kind == METRIC and isinstance(line.payload.get("step"), int):
+            self.history.append((line.payload["step"], float(line.payload["loss"])))
+        elif line.kind == SUMMARY:
+            self.summary = line.payload
+
+    @property
+    def last_step(self) -> int | None:
+        return self.history[-1][0] if self.history else None
+
+
+class Presenter:
+    """How a training job's lines read in the task log, attached or deferred alike: metric
+    lines as progress lines (`progress_line`), the summary and the agents' results as one
+    line each, every other line as the job printed it (tagged with its host)."""
+
+    def __init__(self, steps: int, first_step: int | None = None) -> None:
+        self.steps = steps
+        self.first_step = first_step
+
+    def __call__(self, line: JobLine) -> tuple[str, str]:
+        """(level "info" | "warning", text)."""
+        if line.kind == METRIC:
+            self.first_step = self.first_step or line.payload["step"]
+            return "info", progress_line(line.payload, self.steps, self.first_step)
+        if line.kind == SUMMARY:
+            return "info", f"summary: {json.dumps(line.payload)}"
+        if line.kind == RESULT:
+            where = f" on {line.host}" if line.host else ""
+            return "info", (f"launcher{where}: {line.payload.get('cause')} (exit code "
+                            f"{line.payload.get('exit_code')})")
+        return ("info" if line.stream == "stdout" else "warning"), line.shown
 
 
 # A rank's last words: ringflow.train's own error lines, else a Python exception's last line

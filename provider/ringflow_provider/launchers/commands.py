@@ -1,0 +1,121 @@
+"""The shell text a launcher runs on a host: start a command under ringflow's supervisor,
+follow it, stop it, find a task's jobs, look for an executable, sweep shared memory. Pure
+string composition: every value is `shlex.quote`d (no value can add a command) and every
+script runs under `sh -c` in the login's home, so relative paths mean the same on every host
+and for both shells (`launchers.shells`). Non-secret variables travel as quoted `export`s;
+secrets never appear here: they go on the start command's stdin."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from ringflow.naming import check_job_id
+
+SUPERVISOR = "ringflow.launch.supervisor"
+HANDLE_FILE = "handle.json"  # the job's JobHandle (no secret), written beside status.json
+TRIES_DIR = "try-"
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """How a host runs ringflow: its interpreter and where the runtime is (None: installed)."""
+
+    python: str
+    pythonpath: str | None = None
+
+    def module(self, module: str, *args: str) -> str:
+        prefix = f"PYTHONPATH={shlex.quote(self.pythonpath)} " if self.pythonpath else ""
+        return f"{prefix}{shlex.join([self.python, '-m', module, *args])}"
+
+
+def _script(body: str) -> str:
+    return f"sh -c {shlex.quote('cd || exit 97' + chr(10) + body)}"
+
+
+def exports(env: Mapping[str, str]) -> str:
+    """`export NAME=value` lines: visible in the remote command line, so nothing secret."""
+    return "".join(f"export {name}={shlex.quote(str(value))}\n" for name, value in env.items())
+
+
+def unsets(names: Sequence[str]) -> str:
+    names = [n for n in names if _NAME.match(n)]
+    return f"unset {' '.join(names)}\n" if names else ""
+
+
+def start_command(runtime: Runtime, job_dir: str, argv: Sequence[str], *,
+                  env: Mapping[str, str], secrets: str, lease_timeout: float | None,
+                  grace_s: float, handle: Mapping, secret_names: Sequence[str] = ()) -> str:
+    """Start `argv` detached under the supervisor in `job_dir`, recording `handle` there.
+    The supervisor reads one line of secrets from stdin first (`secrets` says whether they
+    go to the command's environment or on as its stdin's first line); variables of those
+    names that the host's own environment has are unset, so only the line's values count."""
+    args = ["run", "--job-dir", job_dir, "--detach", "--secrets", secrets,
+            "--grace", f"{grace_s:g}"]
+    if lease_timeout is not None:
+        args += ["--lease-timeout", f"{lease_timeout:g}"]
+    record = json.dumps(dict(handle), sort_keys=True)
+    body = (
+        "umask 077\n"
+        f"mkdir -p {shlex.quote(job_dir)} || exit 97\n"
+        f"printf '%s\\n' {shlex.quote(record)} > {shlex.quote(job_dir + '/' + HANDLE_FILE)}\n"
+        f"{exports(env)}"
+        f"{unsets(secret_names)}"
+        f"exec {runtime.module(SUPERVISOR, *args, '--', *argv)}\n"
+    )
+    return _script(body)
+
+
+def follow_command(runtime: Runtime, job_dir: str, offset: int = 0, *, renew: bool = True,
+                   tie: bool = False) -> str:
+    args = ["follow", "--job-dir", job_dir, "--offset", str(int(offset))]
+    args += ["--renew"] if renew else []
+    args += ["--tie"] if tie else []
+    return _script(f"exec {runtime.module(SUPERVISOR, *args)}")
+
+
+def stop_command(runtime: Runtime, job_dir: str, why: str, wait_s: float = 0.0) -> str:
+    args = ["stop", "--job-dir", job_dir, "--why", why, "--wait", f"{wait_s:g}"]
+    return _script(f"exec {runtime.module(SUPERVISOR, *args)}")
+
+
+def task_jobs_command(task_dir: str) -> str:
+    """Each of a task's job folders (`try-N`), one per line, with its handle.json (one
+    line of JSON) after a tab."""
+    body = (f"for d in {shlex.quote(task_dir)}/{TRIES_DIR}*; do\n"
+            '  [ -d "$d" ] || continue\n'
+            f'  printf \'%s\\t%s\\n\' "$d" "$(cat "$d/{HANDLE_FILE}" 2>/dev/null | head -c 65536'
+            " | tr -d '\\n')\"\n"
+            "done")
+    return _script(body)
+
+
+def find_executable_command(executable: str) -> str:
+    """Exit 0 iff `executable` is found (on PATH, or as a path) by the host's shell."""
+    return _script(f"command -v -- {shlex.quote(executable)}")
+
+
+def home_command() -> str:
+    return _script('printf %s "$HOME"')
+
+
+# ringflow's own sweep rule (ringflow.launch.shm): this user's segments of the job whose
+# creator is gone
+_SWEEP = (
+    "import sys\n"
+    "from ringflow.launch.shm import sweep_job_segments\n"
+    "removed = sweep_job_segments(sys.argv[1])\n"
+    "print('ringflow: removed shm segments ' + ' '.join(removed) if removed else "
+    "'ringflow: no shm segment of the job left')\n"
+)
+
+
+def sweep_command(runtime: Runtime, job_id: str) -> str:
+    """Remove what a ringflow job left in /dev/shm on a host (segments whose creator is
+    gone)."""
+    prefix = f"PYTHONPATH={shlex.quote(runtime.pythonpath)} " if runtime.pythonpath else ""
+    return _script(prefix + shlex.join([runtime.python, "-c", _SWEEP, check_job_id(job_id)]))

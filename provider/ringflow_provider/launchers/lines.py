@@ -1,0 +1,70 @@
+"""A job's output lines, read once for every backend: which host a line came from (an
+agent's own stream, or Open MPI's `[1,<host index>]<stdout>:` tag when mpirun gathered the
+agents), how the task log shows it (`[host/rank N] ...`, `[host/launch] ...`), and the
+launcher's machine lines in it (`[train] metric|summary {json}` of rank 0, `[launch] result
+{json}` of each agent)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from ringflow.launch.result import parse_result_line
+from ringflow.train.metrics import parse_train_line
+
+METRIC, SUMMARY, RESULT = "metric", "summary", "result"
+_RANK_PREFIX = re.compile(r"^\[rank (\d+)\] ")
+_MPI_TAG = re.compile(r"^\[1,(\d+)\]<(stdout|stderr)>:(.*)$")
+
+
+@dataclass(frozen=True)
+class JobLine:
+    """One line of a job's output."""
+
+    host: str | None      # None: a job of this host only (lines shown as they are)
+    text: str             # as the agent printed it
+    stream: str           # "stdout" | "stderr"
+    kind: str | None = None                 # METRIC, SUMMARY, RESULT or None
+    payload: dict[str, Any] | None = None
+
+    @property
+    def shown(self) -> str:
+        """As the task log shows it."""
+        return self.text if self.host is None else tag_line(self.host, self.text)
+
+
+def tag_line(host: str, line: str) -> str:
+    """An agent's line as the task log shows it when several hosts are gathered:
+    ``[host/rank N] ...``, ``[host/launch] ...`` (the agent's own), ``[host] ...``."""
+    found = _RANK_PREFIX.match(line)
+    if found:
+        return f"[{host}/rank {found[1]}] {line[found.end():]}"
+    if line.startswith("[launch] "):
+        return f"[{host}/launch] {line[len('[launch] '):]}"
+    return f"[{host}] {line}"
+
+
+def machine_line(text: str) -> tuple[str, dict[str, Any]] | None:
+    """(kind, payload) of a launcher machine line: rank 0's metric or summary (only rank 0
+    prints them; another rank's line that looks like one is not taken), an agent's result."""
+    if text.startswith("[rank 0] [train] "):
+        return parse_train_line(text)
+    result = parse_result_line(text) if text.startswith("[launch] result ") else None
+    return (RESULT, result) if result is not None else None
+
+
+def read_line(stream: str, raw: str, host: str | None,
+              hosts: list[str] | None = None) -> JobLine:
+    """A raw line of a part's stream as a JobLine. With `hosts` the stream is mpirun's: a
+    tagged line belongs to the host its tag names, an untagged one to the first host."""
+    if hosts is not None:
+        tagged = _MPI_TAG.match(raw)
+        if tagged and int(tagged[1]) < len(hosts):
+            host, stream, raw = hosts[int(tagged[1])], tagged[2], tagged[3]
+        else:
+            host = hosts[0]
+    parsed = machine_line(raw)
+    if parsed is None:
+        return JobLine(host, raw, stream)
+    return JobLine(host, raw, stream, parsed[0], parsed[1])

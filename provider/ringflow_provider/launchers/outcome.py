@@ -1,0 +1,102 @@
+"""How a job of ringflow launcher agents ended, from its lines and its parts' final status:
+each agent's result line (`[launch] result {json}`), the last lines of each host, the rank
+that failed first across the hosts (the rule each agent applies to its own ranks:
+`ringflow.launch.agent.failure_order`) and the message a failed task gives."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from ringflow_provider.launchers.lines import RESULT, JobLine
+
+TAIL_LINES = 20
+_TAIL_PREFIX = "[launch]   | "  # an agent's copy of its failed rank's last log lines
+
+
+def how(exit_code: int | None) -> str:
+    """``exit code 137 (128+9: SIGKILL)``, as a shell reports a process a signal ended."""
+    import signal
+
+    if exit_code is None:
+        return "no exit code"
+    if 128 < exit_code <= 128 + 64:
+        try:
+            name = signal.Signals(exit_code - 128).name
+        except ValueError:
+            name = f"signal {exit_code - 128}"
+        return f"exit code {exit_code} (128+{exit_code - 128}: {name})"
+    return f"exit code {exit_code}"
+
+
+@dataclass
+class AgentOutcome:
+    """What the agents said, per host (None: a job of this host only)."""
+
+    results: dict[str | None, dict[str, Any]] = field(default_factory=dict)
+    tails: dict[str | None, deque[str]] = field(default_factory=dict)
+    rank_tails: dict[str | None, list[str]] = field(default_factory=dict)
+
+    def feed(self, line: JobLine) -> None:
+        self.tails.setdefault(line.host, deque(maxlen=TAIL_LINES)).append(line.text)
+        if line.text.startswith(_TAIL_PREFIX):
+            self.rank_tails.setdefault(line.host, []).append(line.text[len(_TAIL_PREFIX):])
+        if line.kind == RESULT and line.payload is not None:
+            self.results[line.host] = line.payload
+            self.rank_tails.setdefault(line.host, [])
+
+    def first_failure(self, hosts: list[str | None]) -> tuple[str | None, dict] | None:
+        """(host, the failed rank's entry) of the rank that failed first across the hosts:
+        one that failed on its own before one that saw a peer fail first, then by the time
+        it began to exit, then by host order."""
+        failed = []
+        for index, host in enumerate(hosts):
+            result = self.results.get(host) or {}
+            rank = result.get("failed_rank")
+            if rank is None or result.get("status") != "failed":
+                continue
+            entry = next((r for r in result.get("ranks", []) if r.get("rank") == rank), {})
+            failed.append(((bool(entry.get("after_peer_failure")),
+                            entry.get("ended_at") or float("inf"), index), host, entry))
+        if not failed:
+            return None
+        _, host, entry = min(failed, key=lambda f: f[0])
+        return host, entry
+
+
+def rank_failure(outcome: AgentOutcome, host: str | None, entry: dict, log_dir: str | None,
+                 cause_of: Any) -> tuple[str, int]:
+    """The message and exit code of a failed rank: where, how, why, its last log lines."""
+    rank = entry.get("rank")
+    code = entry.get("exit_code")
+    result = outcome.results.get(host) or {}
+    code = code if isinstance(code, int) else result.get("exit_code", 1)
+    tail = outcome.rank_tails.get(host) or []
+    cause = cause_of(tail) or result.get("cause") or "no cause in its log"
+    where = "this host" if host is None else f"host {host}"
+    log = f"{log_dir}/workerlog.{rank}" if log_dir else f"workerlog.{rank}"
+    source = log if host is None else f"{host}:{log}"
+    return (f"training failed: rank {rank} on {where} (pid {entry.get('pid', '?')}) failed "
+            f"first with {how(code)}: {cause}; last {len(tail)} lines of {source}:\n"
+            + "\n".join(tail), code)
+
+
+def part_failure(outcome: AgentOutcome, host: str | None, final: dict[str, Any]
+                 ) -> tuple[str, int]:
+    """The message and exit code when no rank failed but a part ended badly (the agent
+    itself failed, its supervisor vanished, its host could not be reached)."""
+    tail = list(outcome.tails.get(host) or [])
+    code = final.get("exit_code")
+    where = "this host" if host is None else f"host {host}"
+    state = final.get("state")
+    if state == "lost":
+        what = "its supervisor vanished before the job ended (the host rebooted, or it was killed)"
+    elif state == "unreachable":
+        what = final.get("cause") or "the host could not be reached"
+    else:
+        result = outcome.results.get(host) or {}
+        what = f"{how(code)} ({result.get('cause') or final.get('cause') or 'no result line'})"
+    return (f"training failed: the launcher agent on {where} ended with {what}; last "
+            f"{len(tail)} lines of its output:\n" + "\n".join(tail),
+            code if isinstance(code, int) else 1)
