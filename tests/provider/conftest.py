@@ -72,6 +72,8 @@ def _sshd_config(d: Path, port: int, bin_dir: Path) -> Path:
         "PermitRootLogin prohibit-password\nPasswordAuthentication no\n"
         "KbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\n"
         "MaxStartups 100:30:200\nMaxSessions 100\nLogLevel ERROR\n"
+        # as Debian's sshd_config: the runtime ships to a host over SFTP
+        "Subsystem sftp internal-sftp\n"
         # The remote PATH starts with the stand-in poprun's directory; the remote HOME (where
         # jobs keep their pid files by default) is a temporary directory.
         f"SetEnv PATH={bin_dir}:/usr/local/bin:/usr/bin:/bin HOME={d}/home\n"

@@ -16,14 +16,14 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 
 from ringflow_provider.operators.poprun import PopRunOperator
 from ringflow_provider.poprun import FIELD_NAMES, build_poprun_argv, parse_config
-from tests.provider.conftest import BAD_KEY_CONN_ID, wait_until
+from tests.provider.conftest import BAD_KEY_CONN_ID, REPO, wait_until
+from tests.provider.contexts import TaskInstanceStub
 
 pytestmark = [pytest.mark.ssh]
 
@@ -42,13 +42,13 @@ def make_op(sshd, ssh_conn, script, **overrides):
     args.update(overrides)
     op = PopRunOperator(**args)
     lines: list[tuple[str, str]] = []
-    log_line = op._log_line
+    show = op._show
 
-    def recording(stream, line):  # what reached the operator, in order, before logging
-        lines.append((stream, line))
-        log_line(stream, line)
+    def recording(line):  # what reached the operator, in order, before logging
+        lines.append((line.stream, line.text))
+        show(line)
 
-    op._log_line = recording
+    op._show = recording
     op._cached_logger = RecordingLog()
     return op, lines
 
@@ -72,10 +72,8 @@ class RecordingLog:
         self._add("error", msg, *args)
 
 
-def context(run_id=None, try_number=1):
-    ti = SimpleNamespace(dag_id="ringflow_test", task_id="poprun",
-                         run_id=run_id or f"run-{uuid.uuid4().hex[:8]}", try_number=try_number)
-    return {"ti": ti}
+def context(run_id=None, try_number=1, max_tries=0):
+    return {"ti": TaskInstanceStub("ringflow_test", "poprun", run_id, try_number, max_tries)}
 
 
 def processes_running(marker: str) -> list[str]:
@@ -129,7 +127,11 @@ def test_remote_poprun_receives_exactly_the_built_argv(sshd, ssh_conn):
     assert (result["num_instances"], result["num_replicas"], result["exit_code"]) == (4, 4, 0)
     assert result["launch_host"] == "127.0.0.1"
     assert result["duration_s"] > 0
-    assert list(sshd.state_dir.iterdir()) == []  # pid file and job dir removed after the run
+    (job_dir,) = [Path(p.job_dir) for p in op._handle.parts]  # kept, with how the job ended
+    status = json.loads((job_dir / "status.json").read_text())
+    assert (status["state"], status["exit_code"], status["stopped_by"]) == ("ended", 0, None)
+    assert b"standin-poprun argv=" in (job_dir / "output.log").read_bytes()
+    assert processes_running(script) == []
 
 
 def test_secret_env_values_are_masked_in_streamed_lines_and_xcom(sshd, ssh_conn):
@@ -189,24 +191,6 @@ def test_secret_values_reach_the_instances_and_no_command_line(sshd, ssh_conn):
                           f"-x RINGFLOW_JOB_ID={probes[0][6]}")
     text = json.dumps(result) + json.dumps(lines) + json.dumps(op._cached_logger.records)
     assert token_value not in text and password not in text
-
-
-def test_a_job_without_the_secrets_on_stdin_does_not_start(sshd, ssh_conn):
-    """The launch script reads one line per secret first; a channel that closes early (here:
-    an empty stdin) ends it with exit 96 before anything starts."""
-    from ringflow_provider.jobs.ssh import SSHJob
-    from ringflow_provider.remote_job import JobId
-
-    script = write_script(sshd, 'print("started", flush=True)\n')
-    op, _ = make_op(sshd, ssh_conn, script)
-    got: list[tuple[str, str]] = []
-    job = SSHJob(op.hook, "127.0.0.1", JobId("d", "t", uuid.uuid4().hex, 1),
-                 ["python3", script], lambda stream, line: got.append((stream, line)),
-                 secret_env={"DB_PASS": "x" * 8}, state_dir=str(sshd.state_dir))
-    job._stdin = ""            # as if the values never came
-    job.start()
-    assert job.wait() == 96
-    assert got == [("stderr", "ringflow: the value of DB_PASS did not arrive on stdin")]
 
 
 # An instance that leaves a shared-memory segment of its job behind, as a crashed rank does
@@ -336,7 +320,75 @@ def test_on_kill_kills_the_remote_group_returns_at_once_and_fails_execute(sshd, 
     assert "was killed (on_kill)" in str(outcome["error"])
 
 
-def test_a_retry_first_stops_what_the_earlier_try_left_running(sshd, ssh_conn):
+FIRST_TRY = """
+import sys
+from ringflow_provider.operators.poprun import PopRunOperator
+from tests.provider.contexts import TaskInstanceStub
+
+class Echo:
+    def _say(self, msg, *args, **kwargs):
+        print(msg % args if args else msg, flush=True)
+
+    debug = info = warning = error = exception = _say
+
+op = PopRunOperator(**{args!r})
+op._cached_logger = Echo()
+op.execute({{"ti": TaskInstanceStub("ringflow_test", "poprun", {run_id!r}, 1, max_tries=1)}})
+"""
+
+
+def first_try_killed(sshd, ssh_conn, script, run_id, wait_for):
+    """Try 1 in a task process of its own (a retry may follow: max_tries 1), SIGKILLed
+    once its job printed `wait_for`: as a worker that dies mid-job."""
+    args = dict(task_id="poprun", hosts="127.0.0.1", nproc_per_host=1, ipus_per_replica=1,
+                num_ipus=1, ipu_partition="pod16", vipu_server="vipu.test",
+                training_script=script, ssh_conn_id=ssh_conn, conn_timeout=5,
+                remote_state_dir=str(sshd.state_dir))
+    task = sshd.work_dir / f"task-{uuid.uuid4().hex[:6]}.py"
+    task.write_text(FIRST_TRY.format(args=args, run_id=run_id))
+    proc = subprocess.Popen([sys.executable, str(task)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, cwd=REPO,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    seen = []
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            seen.append(line)
+            if line.strip() == wait_for or not line:
+                break
+        assert seen[-1].strip() == wait_for, "".join(seen)
+    finally:
+        proc.kill()
+        proc.wait(10)
+        proc.stdout.close()
+
+
+def test_a_retry_attaches_to_the_job_the_earlier_try_left_running(sshd, ssh_conn):
+    go_on = sshd.work_dir / f"go-{uuid.uuid4().hex[:6]}"
+    script = write_script(sshd, f"""
+        print("ready", flush=True)
+        while not os.path.exists({str(go_on)!r}):
+            time.sleep(0.05)
+        print("finished after the retry attached", flush=True)
+    """)
+    run_id = f"run-{uuid.uuid4().hex[:8]}"
+    first_try_killed(sshd, ssh_conn, script, run_id, "ready")
+    time.sleep(1)
+    assert processes_running(script), "the job did not outlive the task process of try 1"
+    second, lines = make_op(sshd, ssh_conn, script)
+    worker, outcome = run_in_thread(second, context(run_id, try_number=2))
+    wait_until(lambda: any("try 2: attaching to the running job of try 1" in m
+                           for _, m in second._cached_logger.records), 30, "the attach")
+    go_on.touch()
+    worker.join(30)
+    assert outcome["result"]["exit_code"] == 0, outcome
+    assert ("stdout", "finished after the retry attached") in lines
+    assert not any(line == "ready" for _, line in lines)  # try 1's lines are in try 1's log
+    assert processes_running(script) == []
+
+
+def test_a_restarting_retry_first_stops_what_the_earlier_try_left_running(sshd, ssh_conn):
     go_quick = sshd.work_dir / f"quick-{uuid.uuid4().hex[:6]}"
     script = write_script(sshd, f"""
         if os.path.exists({str(go_quick)!r}):
@@ -346,41 +398,43 @@ def test_a_retry_first_stops_what_the_earlier_try_left_running(sshd, ssh_conn):
         time.sleep(300)
     """)
     run_id = f"run-{uuid.uuid4().hex[:8]}"
-    first, first_lines = make_op(sshd, ssh_conn, script)
-    worker, _ = run_in_thread(first, context(run_id, try_number=1))
-    wait_until(lambda: ("stdout", "ready") in first_lines, 30, "the first try to start")
-    # The worker of try 1 dies: its SSH connection drops, the remote job stays.
-    first._stop_streaming = True
-    first.hook.close()
-    worker.join(10)
+    first_try_killed(sshd, ssh_conn, script, run_id, "ready")
     assert processes_running(script)
     go_quick.touch()
-    second, second_lines = make_op(sshd, ssh_conn, script)
+    second, second_lines = make_op(sshd, ssh_conn, script, on_existing="restart")
     result = second.execute(context(run_id, try_number=2))
     assert result["exit_code"] == 0
-    assert ("stderr", f"ringflow: stopping process group {first._pgid} left by an earlier "
-                      "try (try-1.pgid)") in second_lines
+    assert ("stdout", "second try done") in second_lines
+    assert any(re.fullmatch(r"host 127\.0\.0\.1: try 1's job was still running: asked the "
+                            r"supervisor \(pid \d+\) to stop the job: try 2 starts the job "
+                            r"again", m) for _, m in second._cached_logger.records)
     assert processes_running(script) == []
 
 
-def test_a_stale_pid_file_never_kills_an_unrelated_process_group(sshd, ssh_conn):
-    """A recorded PGID whose number now belongs to someone else's group is left alone."""
-    from ringflow_provider.remote_job import JobId
+def test_a_stale_job_folder_never_kills_an_unrelated_process(sshd, ssh_conn):
+    """An earlier try's folder whose supervisor is gone and whose recorded process group now
+    belongs to someone else: nothing is signalled, the new try runs."""
+    from ringflow_provider.launchers.job import JobHandle, Part, TaskKey
 
     unrelated = subprocess.Popen(["setsid", "sleep", "60"])
     try:
         run_id = f"run-{uuid.uuid4().hex[:8]}"
-        task_dir = sshd.state_dir / JobId("ringflow_test", "poprun", run_id, 1).task_key
-        task_dir.mkdir()
-        wait_until(lambda: os.getpgid(unrelated.pid) == unrelated.pid, 10, "setsid")
-        (task_dir / "try-1.pgid").write_text(f"{unrelated.pid}\n")
+        task = TaskKey("ringflow_test", "poprun", run_id, 1)
+        folder = sshd.state_dir / task.key / "try-1"
+        folder.mkdir(parents=True)
+        handle = JobHandle("ssh", "stale", task, ("127.0.0.1",),
+                           (Part("127.0.0.1", str(folder), ssh_conn),), "python3")
+        (folder / "handle.json").write_text(json.dumps(handle.to_dict()))
+        (folder / "status.json").write_text(json.dumps({
+            "state": "running", "pid": unrelated.pid, "pgid": unrelated.pid,
+            "supervisor_pid": unrelated.pid, "marker": "not-this-one"}))
+        (folder / "output.log").write_text("")
         script = write_script(sshd, 'print("second try ran", flush=True)\n')
         op, lines = make_op(sshd, ssh_conn, script)
         assert op.execute(context(run_id, try_number=2))["exit_code"] == 0
         assert ("stdout", "second try ran") in lines
-        assert not any("stopping process group" in line for _, line in lines)
+        assert not any("still running" in m for _, m in op._cached_logger.records)
         assert unrelated.poll() is None
-        assert not task_dir.exists()
     finally:
         unrelated.kill()
         unrelated.wait(10)
@@ -388,14 +442,15 @@ def test_a_stale_pid_file_never_kills_an_unrelated_process_group(sshd, ssh_conn)
 
 def test_execution_timeout_path_kills_the_remote_group(sshd, ssh_conn):
     """Airflow's execution_timeout: SIGALRM raises inside execute, then the runner calls
-    on_kill (task_runner._run_execute_callable); the SSH client is already closed by then."""
+    on_kill (task_runner._run_execute_callable); the SSH client is already closed by then.
+    (A retry may follow, so the job is not tied to the task's connection: on_kill stops it.)"""
     from airflow.sdk.exceptions import AirflowTaskTimeout
     from airflow.sdk.execution_time.timeout import timeout
 
     script = write_script(sshd, 'print("ready", flush=True)\ntime.sleep(300)\n')
     op, lines = make_op(sshd, ssh_conn, script)
     with pytest.raises(AirflowTaskTimeout), timeout(3):
-        op.execute(context())
+        op.execute(context(max_tries=1))
     assert ("stdout", "ready") in lines
     assert processes_running(script)
     op.on_kill()
@@ -413,7 +468,10 @@ def test_the_job_runs_in_its_own_session_with_stdin_from_dev_null(sshd, ssh_conn
     ids = next(line for _, line in lines if line.startswith("ids ")).split()
     assert ids[1:] == [str(op._pgid), str(op._pgid), "/dev/null"]
     records = op._cached_logger.records
-    assert ("info", f"job {op._job} runs as process group {op._pgid}") in records
+    assert any(level == "info" and re.fullmatch(
+        rf"job \w+ started on 127\.0\.0\.1 under ringflow's supervisor \(pid \d+\) as process "
+        rf"group {op._pgid}, folder {sshd.state_dir}/\w+/try-1", message)
+        for level, message in records)
     assert ("warning", "to stderr") in records
     assert ("info", " ".join(ids)) in records
 
@@ -434,7 +492,7 @@ def test_the_plan_and_the_command_are_logged_before_the_job_starts(sshd, ssh_con
                                f"(connection {ssh_conn!r}); poprun on 127.0.0.1 is "
                                f"{sshd.bin_dir}/poprun")
     assert plan + 1 < preflight < messages.index("started")
-    assert messages[-1].startswith(f"PopRun job {op._job} on 127.0.0.1 succeeded after ")
+    assert messages[-1].startswith(f"PopRun job {op._handle.task} on 127.0.0.1 succeeded after ")
 
 
 def test_launch_host_other_than_the_first_host_runs_poprun(sshd, ssh_conn):
@@ -443,7 +501,7 @@ def test_launch_host_other_than_the_first_host_runs_poprun(sshd, ssh_conn):
                         launch_host="localhost", preflight=False)
     result = op.execute(context())
     assert result["launch_host"] == "localhost"
-    assert list(op.hook._hooks) == ["localhost"]  # the only host SSH was opened to
+    assert set(op._launcher.runtimes) == {"localhost"}  # the only host prepared
     assert ("stdout", "ran") in lines
 
 
@@ -459,10 +517,12 @@ def test_a_job_ended_by_a_signal_reports_128_plus_n_and_the_signal(sshd, ssh_con
     assert str(info.value).startswith(
         "PopRun failed on '127.0.0.1' with exit code 143 (128+15: ended by signal SIGTERM)")
     assert op._pgid is not None
-    stderr = [line for stream, line in lines if stream == "stderr"]
-    # One line of ours; no "Terminated" from sh, no "did not exit normally" from setsid.
-    assert stderr == ["ringflow: the job was ended by signal TERM (exit status 143)"]
-    assert not (sshd.state_dir / op._job.task_key).exists()  # the launching shell cleaned up
+    # nothing but the job's own output: no "Terminated" from a shell
+    assert [line for _, line in lines if not line.startswith("standin-poprun ")] == [
+        "ending my process group"]
+    (part,) = op._handle.parts
+    status = json.loads((Path(part.job_dir) / "status.json").read_text())
+    assert status["cause"] == "poprun was ended by SIGTERM (exit code 143)"
 
 
 def test_invalid_rendered_arguments_fail_without_retry_and_mask_secrets(sshd):
@@ -489,9 +549,6 @@ def test_cmd_timeout_fails_the_task_and_stops_the_remote_job(sshd, ssh_conn):
     with pytest.raises(AirflowException) as info:
         op.execute(context())
     assert ("stdout", "ready") in lines
-    assert str(info.value) == (
-        f"host '127.0.0.1': no output for 1 s (cmd_timeout); on '127.0.0.1': ringflow: "
-        f"killing process group {op._pgid}")
-    assert ("info", f"after the failure on 127.0.0.1: ringflow: killing process group "
-                    f"{op._pgid}") in op._cached_logger.records
+    assert str(info.value).startswith(
+        "host '127.0.0.1': no output for 1 s (cmd_timeout); on '127.0.0.1': ")
     wait_until(lambda: not processes_running(script), 20, "the remote group to die")

@@ -28,6 +28,7 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from ringflow_provider.operators.tp_train import TPTrainOperator
 from tests.procs import marked_processes
 from tests.provider.conftest import REPO, wait_until
+from tests.provider.contexts import TaskInstanceStub
 from tests.provider.test_poprun_operator import RecordingLog
 
 pytestmark = [pytest.mark.multiproc]
@@ -70,9 +71,8 @@ def make(tmp_path):
         wait_until(lambda op=op: not marked(op.mark), 15, "the job's processes to end")
 
 
-def ctx(try_number: int = 1, run_id: str = "run1", events=None) -> dict:
-    ti = SimpleNamespace(dag_id="tp_test", task_id="train", run_id=run_id,
-                         try_number=try_number)
+def ctx(try_number: int = 1, run_id: str = "run1", events=None, max_tries: int = 0) -> dict:
+    ti = TaskInstanceStub("tp_test", "train", run_id, try_number, max_tries)
     context = {"ti": ti}
     if events is not None:
         context["outlet_events"] = events
@@ -171,7 +171,7 @@ def test_a_rank_that_raises_fails_the_task_naming_rank_code_cause_and_log_tail(m
         op.execute(ctx())
     message = str(err.value)
     first = message.splitlines()[0]
-    assert re.fullmatch(r"training failed: rank 1 on 127\.0\.0\.1 \(pid \d+\) failed first "
+    assert re.fullmatch(r"training failed: rank 1 on host \S+ \(pid \d+\) failed first "
                         r"with exit code 1: RuntimeError: rank 1 fails on purpose while "
                         r"building the model; last \d+ lines of (.*)/workerlog\.1:", first)
     assert first.endswith(f"{op.log_dir}/workerlog.1:")
@@ -263,8 +263,8 @@ def test_sigkill_of_the_task_process_leaves_no_rank_and_no_segment(tmp_path):
     script = tmp_path / "task.py"
     script.write_text(f"""
 import sys
-from types import SimpleNamespace
 from ringflow_provider.operators.tp_train import TPTrainOperator
+from tests.provider.contexts import TaskInstanceStub
 
 class Echo:
     def _say(self, msg, *args, **kwargs):
@@ -277,7 +277,7 @@ op = TPTrainOperator(task_id="train", model="mlp", steps=100000, log_every=1,
                      checkpoint_dir=None, log_dir={str(tmp_path / "logs")!r},
                      extra_env={{"TP_TEST_MARK": {mark!r}, "PYTHONPATH": {str(REPO)!r}}})
 op._cached_logger = Echo()
-op.execute({{"ti": SimpleNamespace(dag_id="d", task_id="train", run_id="r", try_number=1)}})
+op.execute({{"ti": TaskInstanceStub("d", "train", "r", 1)}})
 """)
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, cwd=REPO,

@@ -11,7 +11,10 @@ this host)::
     stop          written by `supervisor stop`: why the job is being stopped
     supervisor.log the supervisor's own errors (a traceback, if it ever has one)
 
-Every file is 0600 in a 0700 folder; no secret is ever written to any of them.
+Every file is 0600 in a 0700 folder; no secret is ever written to any of them. output.log
+holds whole lines of both streams as they complete (a line ends at a newline or a carriage
+return); a line the command wrote to stderr starts with STDERR_MARK (an ASCII group
+separator, invisible in most viewers), which readers take off.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import contextlib
 import fcntl
 import json
 import os
+import re
 import shlex
 import time
 from dataclasses import dataclass
@@ -34,6 +38,9 @@ STARTING, RUNNING, STOPPING, ENDED = "starting", "running", "stopping", "ended"
 # what a watcher calls a job whose supervisor vanished without writing "ended"
 LOST = "lost"
 PEEK_SEPARATOR = "\x1e--ringflow-peek--\x1e"
+STDERR_MARK = b"\x1d"
+MAX_PENDING = 1 << 20  # a line longer than this is written in pieces
+_LINE_ENDS = re.compile(rb"(?<=\n)|(?<=\r)(?!\n)")
 
 
 def make_dir(path: Path) -> Path:
@@ -57,6 +64,49 @@ def write_json(path: Path, value: dict[str, Any]) -> None:
         json.dump(value, f, sort_keys=True)
         f.write("\n")
     os.replace(temporary, path)
+
+
+class OutputWriter:
+    """The command's stdout and stderr into output.log (an O_APPEND descriptor) as whole
+    lines, so the two streams never split each other's lines, stderr lines marked."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self._pending = {"stdout": bytearray(), "stderr": bytearray()}
+        self._at_line_start = {"stdout": True, "stderr": True}
+
+    def feed(self, stream: str, data: bytes) -> None:
+        pending = self._pending[stream]
+        pending += data
+        end = max(pending.rfind(b"\n"), pending.rfind(b"\r"))
+        if end >= 0:
+            self._write(stream, bytes(pending[:end + 1]))
+            del pending[:end + 1]
+        if len(pending) > MAX_PENDING:
+            self._write(stream, bytes(pending))
+            pending.clear()
+
+    def flush(self) -> None:
+        """The streams ended: what is pending is written (output.log's last line may then
+        lack its newline until the supervisor ends it)."""
+        for stream, pending in self._pending.items():
+            if pending:
+                self._write(stream, bytes(pending))
+                pending.clear()
+
+    def _write(self, stream: str, chunk: bytes) -> None:
+        if stream == "stderr":
+            pieces = [p for p in _LINE_ENDS.split(chunk) if p]
+            marked = bytearray()
+            for piece in pieces:
+                if self._at_line_start[stream]:
+                    marked += STDERR_MARK
+                marked += piece
+                self._at_line_start[stream] = piece.endswith((b"\n", b"\r"))
+            chunk = bytes(marked)
+        view = memoryview(chunk)
+        while view:
+            view = view[os.write(self.fd, view):]
 
 
 def read_status(job_dir: Path) -> dict[str, Any] | None:

@@ -134,7 +134,7 @@ class Supervisor:
         self.proc = subprocess.Popen(
             self.command, env=self.env, start_new_session=True,
             stdin=subprocess.PIPE if self.stdin_line is not None else subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             # the command gets SIGTERM if the supervisor dies (stops gracefully: an agent
             # stops its ranks); its stdin pipe, if any, ends too
             preexec_fn=Prctl().child_setup(os.getpid(), signal.SIGTERM))
@@ -149,32 +149,33 @@ class Supervisor:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, lambda signum, _frame: self._signals.append(signum))
         assert self.proc is not None
-        pipe = self.proc.stdout.fileno()
-        os.set_blocking(pipe, False)
-        fd = os.open(self.dir / jobdir.OUTPUT, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        pipes = {self.proc.stdout.fileno(): "stdout", self.proc.stderr.fileno(): "stderr"}
+        for fd in pipes:
+            os.set_blocking(fd, False)
+        out = os.open(self.dir / jobdir.OUTPUT, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         try:
-            code = self._watch(pipe, fd)
+            return self._watch(pipes, jobdir.OutputWriter(out))
         finally:
-            os.close(fd)
-        return code
+            os.close(out)
 
-    def _watch(self, pipe: int, out: int) -> int:
+    def _watch(self, pipes: dict[int, str], output: jobdir.OutputWriter) -> int:
         returncode: int | None = None
-        pipe_open = True
         drain_until = float("inf")
         next_lease_check = 0.0
         while True:
-            if pipe_open:
-                ready, _, _ = select.select([pipe], [], [], TICK_S)
-                if ready:
-                    pipe_open = self._copy(pipe, out)
+            if pipes:
+                ready, _, _ = select.select(list(pipes), [], [], TICK_S)
+                for fd in ready:
+                    if not self._copy(fd, pipes[fd], output):
+                        del pipes[fd]
             else:
                 time.sleep(TICK_S)
             if returncode is None:
                 returncode = self._exited()
                 if returncode is not None:
                     drain_until = time.monotonic() + DRAIN_S
-            if returncode is not None and (not pipe_open or time.monotonic() > drain_until):
+            if returncode is not None and (not pipes or time.monotonic() > drain_until):
+                output.flush()
                 return self._finish(returncode)
             if self._signals and self._stop is None:
                 name = signal.Signals(self._signals[0]).name
@@ -184,7 +185,7 @@ class Supervisor:
                 self._check_lease()
             self._escalate()
 
-    def _copy(self, pipe: int, out: int) -> bool:
+    def _copy(self, pipe: int, stream: str, output: jobdir.OutputWriter) -> bool:
         """Move what the command printed to output.log; False at the pipe's end."""
         try:
             data = os.read(pipe, _READ_BYTES)
@@ -192,9 +193,7 @@ class Supervisor:
             return True
         if not data:
             return False
-        view = memoryview(data)
-        while view:
-            view = view[os.write(out, view):]
+        output.feed(stream, data)
         return True
 
     def _exited(self) -> int | None:
@@ -258,10 +257,10 @@ class Supervisor:
         reap_orphans(set())
         self._end_output_with_newline()
         removed = sweep_shm(self.status.get("job_id"))
-        code, how = describe_returncode(returncode)
+        code, _ = describe_returncode(returncode)
         cause = self.status.get("cause") if self._stop else None
         self.status.update(state=jobdir.ENDED, ended_at=time.time(), exit_code=code,
-                           cause=cause or f"{self.status['program']} ended with {how}",
+                           cause=cause or f"{self.status['program']} {ended_how(returncode)}",
                            shm_removed=removed)
         self._write_status()
         return code
@@ -279,6 +278,17 @@ class Supervisor:
 
     def _write_status(self) -> None:
         jobdir.write_json(self.dir / jobdir.STATUS, self.status)
+
+
+def ended_how(returncode: int) -> str:
+    """``exited with code 1``, ``was ended by SIGTERM (exit code 143)``."""
+    if returncode >= 0:
+        return f"exited with code {returncode}"
+    try:
+        name = signal.Signals(-returncode).name
+    except ValueError:
+        name = f"signal {-returncode}"
+    return f"was ended by {name} (exit code {128 - returncode})"
 
 
 def program_name(command: list[str]) -> str:

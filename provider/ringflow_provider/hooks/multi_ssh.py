@@ -5,7 +5,7 @@ the connection says); one `SSHHook` per host, made lazily, with the connection's
 host name from the job. What this adds: bounded connects (no retries, banner and auth bounded
 by the same timeout), whole-line streaming (`ringflow_provider.jobs.lines`) with an optional
 inactivity limit, SFTP sessions with a deadline on every reply, and errors that name the
-host. `ringflow_provider.jobs.SSHJob` runs a job's lifecycle on top of it;
+host. `ringflow_provider.launchers` runs jobs on top of it (`launchers.shells.SSHShell`);
 `ringflow_provider.launchers.shipping` ships the runtime with it.
 """
 

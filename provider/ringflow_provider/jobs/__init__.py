@@ -1,11 +1,8 @@
-"""The job lifecycle both operators share: start a command in its own session, record its
-process group, stream its output as whole lines, stop the group, mask secrets.
-
-Two backends with one interface (`Job`): `LocalJob` runs a child process on this host (its
-stdin a pipe: the job may read a first line of secrets from it and sees EOF when the owner
-dies, even by SIGKILL); `SSHJob` runs a command detached on a remote host. `Secrets` is the
-one rule for which values are secret and how they are hidden. Lines reach ``on_line(stream,
-line)`` in the thread that calls ``wait()``, as the job printed them: mask before logging.
+"""The lifecycle primitives under the launchers (`ringflow_provider.launchers`): a command
+in its own session and process group on this host, streamed as whole lines and stopped as a
+group (`LocalJob`), the one line splitter of every stream, and the one rule for which values
+are secret and how they are hidden (`Secrets`). Lines reach ``on_line(stream, line)`` in the
+thread that calls ``wait()``, as the job printed them: mask before logging.
 
 A local training job, as an operator runs it (`execute`, then `on_kill` from Airflow's
 SIGTERM handler while `wait` runs; the launcher's `--stdin` gets the secrets line, and its
@@ -26,17 +23,14 @@ ranks stop when the stdin pipe ends; `encode_secrets` is `ringflow.launch.stdin`
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from ringflow_provider.jobs.lines import MAX_LINE_BYTES, LineSink, LineSplitter
 from ringflow_provider.jobs.local import LocalJob
 from ringflow_provider.jobs.masking import MASK, Secrets, is_secret_name, mask_text
 
-if TYPE_CHECKING:
-    from ringflow_provider.jobs.ssh import SSHJob
-
-__all__ = ["MASK", "MAX_LINE_BYTES", "Job", "LineSink", "LineSplitter", "LocalJob", "SSHJob",
-           "Secrets", "is_secret_name", "mask_text"]
+__all__ = ["MASK", "MAX_LINE_BYTES", "Job", "LineSink", "LineSplitter", "LocalJob", "Secrets",
+           "is_secret_name", "mask_text"]
 
 
 class Job(Protocol):
@@ -65,11 +59,3 @@ class Job(Protocol):
 
     def close(self) -> None:
         """Release what the job holds here."""
-
-
-def __getattr__(name: str) -> Any:
-    if name == "SSHJob":  # imports paramiko and Airflow's SSH provider: only when asked
-        from ringflow_provider.jobs.ssh import SSHJob
-
-        return SSHJob
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -24,7 +24,7 @@ from ringflow.launch.supervisor import FINAL_PREFIX, STARTED_PREFIX
 from ringflow_provider.launchers import commands
 from ringflow_provider.launchers.commands import Runtime
 from ringflow_provider.launchers.job import JobHandle, Part, TaskKey
-from ringflow_provider.launchers.lines import JobLine, read_line
+from ringflow_provider.launchers.lines import JobLine, lines_of, read_line
 from ringflow_provider.launchers.shells import Shell
 
 T = TypeVar("T")
@@ -148,7 +148,7 @@ class Launcher:
             lease_timeout=lease_timeout, started_at=time.time(), extra=dict(extra or {}))
         line = encode_secrets(secrets).decode()
         record = handle.to_dict()
-        full_env = {**env, TASK_VAR: task.key}
+        full_env = {**env, "RINGFLOW_JOB_ID": job_id, TASK_VAR: task.key}
 
         def start_part(host: str) -> dict[str, Any]:
             argv = dict(parts)[host]
@@ -173,8 +173,11 @@ class Launcher:
             self.stop(handle, "another part of the job could not be started")
             raise
         for host, info in said.items():
-            self.log.info("job %s started on %s under ringflow's supervisor (pid %s), folder "
-                          "%s", job_id, host, info.get("supervisor_pid"), self.job_dir(task))
+            self.log.info("job %s started on %s under ringflow's supervisor (pid %s) as "
+                          "process group %s, folder %s", job_id, host,
+                          info.get("supervisor_pid"), info.get("pgid"), self.job_dir(task))
+        handle.extra["started"] = {host: {k: info.get(k) for k in (
+            "pid", "pgid", "supervisor_pid")} for host, info in said.items()}
         return handle
 
     # -- watching --------------------------------------------------------------------------
@@ -230,6 +233,24 @@ class Launcher:
              max_bytes: int = MAX_PEEK_BYTES) -> jobdir.Peek:
         _, out, _ = self.run(part.host, jobdir.peek_command(part.job_dir, offset, max_bytes))
         return jobdir.parse_peek(out.encode())
+
+    def read_all(self, handle: JobHandle, on_line: LineHandler
+                 ) -> tuple[dict[str, int], dict[str, jobdir.Peek]]:
+        """Every line each part printed so far, to `on_line`; returns where each part's
+        output ends now and each part's last look (its status)."""
+        offsets: dict[str, int] = {}
+        looks: dict[str, jobdir.Peek] = {}
+        for part in handle.parts:
+            offset = 0
+            while True:
+                look = self.peek(handle, part, offset)
+                for line in lines_of(look.data, handle, part.host):
+                    on_line(line)
+                offset += len(look.data)
+                if not look.data:
+                    break
+            offsets[part.host], looks[part.host] = offset, look
+        return offsets, looks
 
     def stop(self, handle: JobHandle, why: str, timeout: float = STOP_BUDGET_S,
              skip: str | None = None) -> dict[str, str]:

@@ -19,6 +19,9 @@ SUPERVISOR = "ringflow.launch.supervisor"
 HANDLE_FILE = "handle.json"  # the job's JobHandle (no secret), written beside status.json
 TRIES_DIR = "try-"
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+RUNNING_EXIT = 98
+KEEP_DAYS = 7  # an ended job's folder (output, status) stays this long on its host
+RUNNING_MESSAGE = "a job of this task try still runs in"
 
 
 @dataclass(frozen=True)
@@ -29,8 +32,11 @@ class Runtime:
     pythonpath: str | None = None
 
     def module(self, module: str, *args: str) -> str:
-        prefix = f"PYTHONPATH={shlex.quote(self.pythonpath)} " if self.pythonpath else ""
-        return f"{prefix}{shlex.join([self.python, '-m', module, *args])}"
+        """`python -m module args` with the runtime on its path (`exec` may precede it)."""
+        return shlex.join([*self.env_prefix(), self.python, "-m", module, *args])
+
+    def env_prefix(self) -> list[str]:
+        return ["env", f"PYTHONPATH={self.pythonpath}"] if self.pythonpath else []
 
 
 def _script(body: str) -> str:
@@ -47,6 +53,18 @@ def unsets(names: Sequence[str]) -> str:
     return f"unset {' '.join(names)}\n" if names else ""
 
 
+def _forget_old_jobs(job_dir: str) -> str:
+    """Job folders of the same state folder that no supervisor holds and nobody touched for
+    KEEP_DAYS are removed (best effort, in the background of a start)."""
+    state = shlex.quote(job_dir.rsplit("/", 2)[0]) if job_dir.count("/") >= 2 else None
+    if state is None:
+        return ""
+    return (f"for o in $(find {state} -mindepth 2 -maxdepth 2 -name '{TRIES_DIR}*' -type d "
+            f"-mtime +{KEEP_DAYS} 2>/dev/null); do\n"
+            '  flock -n "$o/lock" true 2>/dev/null && rm -rf -- "$o"\n'
+            "done\n")
+
+
 def start_command(runtime: Runtime, job_dir: str, argv: Sequence[str], *,
                   env: Mapping[str, str], secrets: str, lease_timeout: float | None,
                   grace_s: float, handle: Mapping, secret_names: Sequence[str] = ()) -> str:
@@ -59,9 +77,19 @@ def start_command(runtime: Runtime, job_dir: str, argv: Sequence[str], *,
     if lease_timeout is not None:
         args += ["--lease-timeout", f"{lease_timeout:g}"]
     record = json.dumps(dict(handle), sort_keys=True)
+    d = shlex.quote(job_dir)
     body = (
         "umask 077\n"
-        f"mkdir -p {shlex.quote(job_dir)} || exit 97\n"
+        # the same try started again (`airflow tasks test` twice): an ended job's folder is
+        # kept aside, a running one is refused
+        f'if [ -e {d}/output.log ]; then\n'
+        f'  if [ -e {d}/lock ] && ! flock -n {d}/lock true; then\n'
+        f'    echo "{RUNNING_MESSAGE} {job_dir}" >&2; exit {RUNNING_EXIT}\n'
+        "  fi\n"
+        f'  mv {d} {d}.replaced-$(date +%s%N) || exit 97\n'
+        "fi\n"
+        f"mkdir -p {d} || exit 97\n"
+        f"{_forget_old_jobs(job_dir)}"
         f"printf '%s\\n' {shlex.quote(record)} > {shlex.quote(job_dir + '/' + HANDLE_FILE)}\n"
         f"{exports(env)}"
         f"{unsets(secret_names)}"
@@ -117,5 +145,5 @@ _SWEEP = (
 def sweep_command(runtime: Runtime, job_id: str) -> str:
     """Remove what a ringflow job left in /dev/shm on a host (segments whose creator is
     gone)."""
-    prefix = f"PYTHONPATH={shlex.quote(runtime.pythonpath)} " if runtime.pythonpath else ""
-    return _script(prefix + shlex.join([runtime.python, "-c", _SWEEP, check_job_id(job_id)]))
+    return _script(shlex.join([*runtime.env_prefix(), runtime.python, "-c", _SWEEP,
+                               check_job_id(job_id)]))

@@ -10,10 +10,12 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from ringflow.launch import jobdir
 from ringflow.launch.result import parse_result_line
 from ringflow.train.metrics import parse_train_line
 
 METRIC, SUMMARY, RESULT = "metric", "summary", "result"
+STDERR_MARK = jobdir.STDERR_MARK.decode()
 _RANK_PREFIX = re.compile(r"^\[rank (\d+)\] ")
 _MPI_TAG = re.compile(r"^\[1,(\d+)\]<(stdout|stderr)>:(.*)$")
 
@@ -58,13 +60,29 @@ def read_line(stream: str, raw: str, host: str | None,
               hosts: list[str] | None = None) -> JobLine:
     """A raw line of a part's stream as a JobLine. With `hosts` the stream is mpirun's: a
     tagged line belongs to the host its tag names, an untagged one to the first host."""
+    if raw.startswith(STDERR_MARK):  # the supervisor's mark of a line from stderr
+        stream, raw = "stderr", raw[len(STDERR_MARK):]
     if hosts is not None:
         tagged = _MPI_TAG.match(raw)
         if tagged and int(tagged[1]) < len(hosts):
             host, stream, raw = hosts[int(tagged[1])], tagged[2], tagged[3]
         else:
             host = hosts[0]
-    parsed = machine_line(raw)
+    parsed = machine_line(raw) if stream == "stdout" else None
     if parsed is None:
         return JobLine(host, raw, stream)
     return JobLine(host, raw, stream, parsed[0], parsed[1])
+
+
+def lines_of(data: bytes, handle: Any, host: str) -> list[JobLine]:
+    """The JobLines of a chunk of whole lines of the output of `handle`'s part on `host`."""
+    from ringflow_provider.jobs.lines import LineSplitter
+
+    found: list[JobLine] = []
+    shown_host = host if handle.show_hosts else None
+    gathered = list(handle.hosts) if handle.gathered else None
+    splitter = LineSplitter("stdout", lambda stream, raw: found.append(
+        read_line(stream, raw, shown_host, gathered)))
+    splitter.feed(data)
+    splitter.flush()
+    return found

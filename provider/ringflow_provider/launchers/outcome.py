@@ -66,15 +66,16 @@ class AgentOutcome:
 
 
 def rank_failure(outcome: AgentOutcome, host: str | None, entry: dict, log_dir: str | None,
-                 cause_of: Any) -> tuple[str, int]:
-    """The message and exit code of a failed rank: where, how, why, its last log lines."""
+                 cause_of: Any, local_name: str = "this host") -> tuple[str, int]:
+    """The message and exit code of a failed rank: where, how, why, its last log lines
+    (`host` None: a job of this host, called `local_name`)."""
     rank = entry.get("rank")
     code = entry.get("exit_code")
     result = outcome.results.get(host) or {}
     code = code if isinstance(code, int) else result.get("exit_code", 1)
     tail = outcome.rank_tails.get(host) or []
     cause = cause_of(tail) or result.get("cause") or "no cause in its log"
-    where = "this host" if host is None else f"host {host}"
+    where = f"host {local_name if host is None else host}"
     log = f"{log_dir}/workerlog.{rank}" if log_dir else f"workerlog.{rank}"
     source = log if host is None else f"{host}:{log}"
     return (f"training failed: rank {rank} on {where} (pid {entry.get('pid', '?')}) failed "
@@ -82,13 +83,13 @@ def rank_failure(outcome: AgentOutcome, host: str | None, entry: dict, log_dir: 
             + "\n".join(tail), code)
 
 
-def part_failure(outcome: AgentOutcome, host: str | None, final: dict[str, Any]
-                 ) -> tuple[str, int]:
+def part_failure(outcome: AgentOutcome, host: str | None, final: dict[str, Any],
+                 local_name: str = "this host") -> tuple[str, int]:
     """The message and exit code when no rank failed but a part ended badly (the agent
     itself failed, its supervisor vanished, its host could not be reached)."""
     tail = list(outcome.tails.get(host) or [])
     code = final.get("exit_code")
-    where = "this host" if host is None else f"host {host}"
+    where = f"host {local_name if host is None else host}"
     state = final.get("state")
     if state == "lost":
         what = "its supervisor vanished before the job ended (the host rebooted, or it was killed)"

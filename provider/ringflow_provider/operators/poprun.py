@@ -1,27 +1,32 @@
-"""PopRunOperator: compose a Graphcore PopRun command and run it on a launch host over SSH."""
+"""PopRunOperator: compose a Graphcore PopRun command and run it on a launch host over SSH,
+under ringflow's job supervisor there (`launchers`): watched here or by the triggerer, its
+output streamed into the task log, stopped when the task is killed."""
 
 from __future__ import annotations
 
 import secrets as token_source
 import shlex
 import signal
-import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Container
-from concurrent.futures import ThreadPoolExecutor
 from functools import cached_property
 from typing import Any, ClassVar
 
-from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 from pydantic import TypeAdapter
 
 from ringflow.errors import LaunchError, RingflowError
 from ringflow_provider.hooks.multi_ssh import MultiHostSSHHook
 from ringflow_provider.jobs.masking import Secrets
-from ringflow_provider.jobs.ssh import ON_KILL_BUDGET_S, SSHJob
-from ringflow_provider.launchers.shipping import prepare_hosts
+from ringflow_provider.launchers import commands
+from ringflow_provider.launchers.base import STOP_BUDGET_S
+from ringflow_provider.launchers.job import JobHandle, TaskKey
+from ringflow_provider.launchers.lines import JobLine
+from ringflow_provider.launchers.mpirun import check_mpirun, same_runtime_path
+from ringflow_provider.launchers.ssh import SSHLauncher
+from ringflow_provider.operators.base import RingflowJobOperator
 from ringflow_provider.poprun import (
     FIELD_NAMES,
     PopRunConfig,
@@ -32,17 +37,14 @@ from ringflow_provider.poprun import (
     validate_field,
 )
 from ringflow_provider.poprun.models import check_host
-from ringflow_provider.remote_job import (
-    KILL_GRACE_S,
-    JobId,
-    find_executable_command,
-    sweep_command,
-)
 
 __all__ = ["CPU_POPRUN", "ON_KILL_BUDGET_S", "PopRunOperator"]
 
 # poprun=CPU_POPRUN: ringflow's CPU poprun (`ringflow.poprun`) from the shipped runtime.
 CPU_POPRUN = "ringflow-poprun"
+ON_KILL_BUDGET_S = STOP_BUDGET_S
+KILL_GRACE_S = 5.0  # SIGTERM -> SIGKILL of poprun's process group when the job is stopped
+TAIL_LINES = 20
 
 _BOOL = TypeAdapter(bool)
 
@@ -64,7 +66,17 @@ def _signal_name(number: int) -> str:
         return str(number)
 
 
-class PopRunOperator(BaseOperator):
+class _Tail:
+    """The last lines of a PopRun job's output (for a failure message)."""
+
+    def __init__(self) -> None:
+        self.lines: deque[str] = deque(maxlen=TAIL_LINES)
+
+    def feed(self, line: JobLine) -> None:
+        self.lines.append(line.text)
+
+
+class PopRunOperator(RingflowJobOperator):
     """Run a PopRun job (the command Paddle's IPUController composes) on a launch host via SSH.
 
     Every PopRun field is validated with pydantic (``PopRunConfig``): literal values when the
@@ -108,8 +120,18 @@ class PopRunOperator(BaseOperator):
     :param conn_timeout: seconds for each SSH connect, banner and authentication
     :param cmd_timeout: seconds without output before failing; None (default) = no limit
     :param skip_on_exit_code: exit code(s) that mark the task skipped instead of failed
-    :param remote_state_dir: directory on the launch host for the jobs' pid files;
-        default ``$HOME/.ringflow/jobs``
+    :param remote_state_dir: folder on the launch host for the jobs' folders (output,
+        status, lease); default ``$HOME/.ringflow/jobs``
+    :param deferrable: hand the watch to Airflow's triggerer, freeing the worker slot while
+        the job runs; default ``[operators] default_deferrable`` (False)
+    :param poll_interval: seconds between the triggerer's looks, default 10
+    :param lease_timeout: seconds the job runs on without a watcher before it stops itself,
+        default 1800; None: never
+    :param on_existing: ``reattach`` (default): a new try whose previous try's job still runs
+        watches that job to its end; ``restart``: it stops that job and starts anew
+
+    The job runs under ringflow's supervisor on the launch host (the runtime is shipped
+    there: it needs python3 >= 3.10; numpy only with ``ringflow-poprun``).
     """
 
     template_fields = (*FIELD_NAMES, "ssh_conn_id", "launch_host", "dry_run", "ringflow_job")
@@ -173,13 +195,7 @@ class PopRunOperator(BaseOperator):
         self.cmd_timeout = cmd_timeout
         self.skip_on_exit_code = self._exit_codes(skip_on_exit_code)
         self.remote_state_dir = remote_state_dir
-        # Plain flags, not threading.Event: Airflow deep-copies operators, locks cannot be.
-        self._killed = False
-        self._stop_streaming = False
-        self._job: JobId | None = None
-        self._remote: SSHJob | None = None  # the job lifecycle (ringflow_provider.jobs)
         self._sweep: tuple[str, str, list[str]] | None = None  # (python, job id, hosts)
-        self._secrets = Secrets()
         self._validate_literals()
 
     @staticmethod
@@ -236,8 +252,11 @@ class PopRunOperator(BaseOperator):
 
     @property
     def _pgid(self) -> int | None:
-        """The remote job's process group, once its launch script has said it."""
-        return self._remote.pgid if self._remote is not None else None
+        """The job's process group on the launch host, once it started."""
+        if self._handle is None:
+            return None
+        started = self._handle.extra.get("started", {})
+        return next((info.get("pgid") for info in started.values()), None)
 
     def render_template_fields(self, context: Any, jinja_env: Any = None) -> None:
         """Render, then register secret values with the masker at once, so the rendered
@@ -280,19 +299,21 @@ class PopRunOperator(BaseOperator):
                           "dry_run False it runs on %s over SSH connection %r)", launch_host,
                           self.ssh_conn_id)
             return summary
-        started = time.monotonic()
+        self._result = summary
+        self._run_started = time.monotonic()
+        launcher = SSHLauncher(list(dict.fromkeys([launch_host, *config.hosts])), log=self.log,
+                               python=config.python, conns={h: self.ssh_conn_id for h in
+                                                            {launch_host, *config.hosts}},
+                               state_dir=self.remote_state_dir,
+                               conn_timeout=self.conn_timeout)
+        launcher.hook(launch_host).cmd_timeout = self.cmd_timeout
         try:
-            exit_code, tail = self._run(context, config, argv, launch_host, hidden)
-        except RingflowError as exc:
-            raise AirflowException(self._stop_after_failure(str(exc), launch_host)) from None
+            return self.run_job(context, launcher, lambda: self._start(
+                context, launcher, config, argv, launch_host, hidden, job_vars, masked))
+        except LaunchError as exc:
+            raise AirflowException(self._secrets.mask(str(exc))) from None
         finally:
-            self.hook.close()
-        summary["exit_code"] = exit_code
-        summary["duration_s"] = round(time.monotonic() - started, 3)
-        self._check_exit(exit_code, tail, launch_host)
-        self.log.info("PopRun job %s on %s succeeded after %.1f s", self._job, launch_host,
-                      summary["duration_s"])
-        return summary
+            launcher.close()
 
     def _log_plan(self, config: PopRunConfig, launch_host: str, masked: list[str]) -> None:
         hosts = len(config.hosts)
@@ -306,124 +327,137 @@ class PopRunOperator(BaseOperator):
         self.log.info("PopRun command on %s:\n%s", launch_host,
                       " \\\n    ".join(shlex.quote(token) for token in masked))
 
-    def _run(self, context: Any, config: PopRunConfig, argv: list[str], launch_host: str,
-             hidden: dict[str, str]) -> tuple[int, list[str]]:
+    def _start(self, context: Any, launcher: SSHLauncher, config: PopRunConfig,
+               argv: list[str], launch_host: str, hidden: dict[str, str],
+               job_vars: dict[str, str], masked: list[str]) -> JobHandle:
+        """Check the hosts, ship the runtime (the supervisor; all of it with ringflow-poprun),
+        stop what an earlier try left, and start the command on the launch host."""
         env = config.plain_env()
         if config.poprun == CPU_POPRUN:
-            argv, env["PYTHONPATH"] = self._cpu_poprun(config, argv, launch_host)
-        elif self.preflight:
-            path = self.hook.check_hosts(config.hosts, launch_host, config.poprun,
-                                         find_executable_command(config.poprun))
-            self.log.info("preflight passed: SSH to %s works (connection %r); %s on %s is %s",
-                          ", ".join(config.hosts), self.ssh_conn_id, config.poprun,
-                          launch_host, path)
-        ti = context["ti"]
-        self._job = JobId(ti.dag_id, ti.task_id, ti.run_id, int(ti.try_number))
-        self._remote = SSHJob(self.hook, launch_host, self._job, argv, self._log_line,
-                              env=env, secret_env=hidden,
-                              state_dir=self.remote_state_dir,
-                              log=self.log, should_stop=lambda: self._stop_streaming)
-        if self._killed:  # on_kill came during preflight: start nothing
-            return -1, []
-        self._remote.start()
-        code = self._remote.wait()
-        if not self._killed:
-            self._sweep_segments()
-        return code, self._remote.tail
+            hosts = list(dict.fromkeys([*config.hosts, launch_host]))
+            launcher.prepare(numpy=True, hosts=hosts)
+            same_runtime_path(launcher, "ringflow-poprun")
+            check_mpirun(launcher, launch_host)
+            self.log.info("ringflow-poprun: CPU poprun as %s -m ringflow.poprun on %s",
+                          config.python, launch_host)
+            argv = [config.python, "-m", "ringflow.poprun", *argv[1:]]
+            env["PYTHONPATH"] = launcher.runtime(launch_host).pythonpath or ""
+        else:
+            if self.preflight:
+                path = launcher.hook(launch_host).check_hosts(
+                    config.hosts, launch_host, config.poprun,
+                    commands.find_executable_command(config.poprun))
+                self.log.info("preflight passed: SSH to %s works (connection %r); %s on %s is "
+                              "%s", ", ".join(config.hosts), self.ssh_conn_id, config.poprun,
+                              launch_host, path)
+            launcher.prepare(numpy=False, hosts=[launch_host])
+        task = TaskKey.from_ti(context["ti"])
+        launcher.stop_earlier(task, f"try {task.try_number} starts the job again")
+        self._raise_if_killed()
+        handle = launcher.start(
+            task, [(launch_host, argv)], job_id=job_vars.get("RINGFLOW_JOB_ID",
+                                                             uuid.uuid4().hex[:12]),
+            env=env, secrets=hidden, secrets_to="env", lease_timeout=self.lease_timeout,
+            grace_s=KILL_GRACE_S,
+            extra={"launch_host": launch_host, "argv": masked, "sweep": self._sweep})
+        return handle
 
-    def _cpu_poprun(self, config: PopRunConfig, argv: list[str],
-                    launch_host: str) -> tuple[list[str], str]:
-        """Ship the runtime to every host (always: the instances import it) and check
-        mpirun on the launch host; returns the argv to run and the instances' PYTHONPATH."""
-        hosts = list(dict.fromkeys([*config.hosts, launch_host]))
-        prepared = prepare_hosts(self.hook, hosts, config.python)
-        for host in hosts:
-            self.log.info("%s", prepared[host].describe())
-        pythonpath = prepared[launch_host].shipped.pythonpath
-        elsewhere = {h: p.shipped.pythonpath for h, p in prepared.items()
-                     if p.shipped.pythonpath != pythonpath}
-        if elsewhere:  # mpirun gives every instance the launch host's PYTHONPATH
-            raise LaunchError(
-                f"the runtime is at {pythonpath} on launch host {launch_host!r} but at "
-                + ", ".join(f"{p} on {h!r}" for h, p in elsewhere.items())
-                + ": ringflow-poprun exports one PYTHONPATH to every instance, so the SSH "
-                "login's home must be the same path on every host")
-        code, out, _ = self.hook.run(launch_host, find_executable_command("mpirun"),
-                                     timeout=self.conn_timeout)
-        if code != 0:
-            raise LaunchError(f"Open MPI's mpirun not found on launch host {launch_host!r} "
-                              f"(ringflow-poprun runs the instances with it; Debian: apt "
-                              f"install openmpi-bin)")
-        self.log.info("ringflow-poprun: CPU poprun as %s -m ringflow.poprun on %s, mpirun %s",
-                      config.python, launch_host, out.strip())
-        return [config.python, "-m", "ringflow.poprun", *argv[1:]], pythonpath
+    def new_report(self) -> _Tail:
+        return _Tail()
 
-    def _sweep_segments(self, after_s: int = 0) -> None:
-        """Remove what the ringflow job left in /dev/shm on every host of the job (segments of
-        this user whose creator is gone: ringflow's own rule), now that it has ended, or
-        detached `after_s` later (on kill: after the SIGKILL). Best effort: a host that
-        cannot be reached is logged, never a failure of its own."""
-        if self._sweep is None:
+    def present(self, line: JobLine) -> tuple[str, str]:
+        return ("info" if line.stream == "stdout" else "warning"), line.text
+
+    def finish(self, context: Any, handle: JobHandle, report: _Tail,
+               finals: dict[str, dict[str, Any]]) -> dict[str, Any]:
+        host = handle.extra.get("launch_host") or handle.parts[0].host
+        final = finals.get(host, {})
+        summary = dict(getattr(self, "_result", None) or self._summary_of(handle))
+        self._sweep = self._sweep or handle.extra.get("sweep")
+        if final.get("state") == "unreachable":  # the stream failed (cmd_timeout, link lost)
+            cause = final.get("cause") or "the stream failed"
+            if self._next_try_attaches and "(cmd_timeout)" not in cause:
+                raise AirflowException(self._secrets.mask(
+                    f"{cause}; the job may still run on {host!r}: the next try attaches to "
+                    f"it (or its lease stops it)"))
+            said = self._stop_after_failure(handle, host)
+            raise AirflowException(self._secrets.mask(
+                f"{cause}; on {host!r}: {said}" if said else cause))
+        exit_code = final.get("exit_code")
+        self._sweep_segments(handle)
+        self._check_exit(exit_code if isinstance(exit_code, int) else -1, list(report.lines),
+                         host, final)
+        summary["exit_code"] = exit_code
+        started = getattr(self, "_run_started", None)
+        summary["duration_s"] = round(time.monotonic() - started, 3) if started else round(
+            max(0.0, (final.get("ended_at") or 0) - (final.get("started_at") or 0)), 3)
+        self.log.info("PopRun job %s on %s succeeded after %.1f s", handle.task, host,
+                      summary["duration_s"])
+        return summary
+
+    def _summary_of(self, handle: JobHandle) -> dict[str, Any]:
+        """After a deferral the operator is new: the summary is made again from its
+        arguments (as rendered for this run)."""
+        config = self._config()
+        masked = handle.extra.get("argv") or []
+        return {"argv": masked, "num_instances": config.num_instances,
+                "num_replicas": config.num_replicas,
+                "launch_host": handle.extra.get("launch_host"), "exit_code": None,
+                "duration_s": 0.0, "dry_run": False}
+
+    def _sweep_segments(self, handle: JobHandle) -> None:
+        """Remove what a ringflow job left in /dev/shm on every host of the job (segments of
+        this user whose creator is gone: ringflow's own rule) now that it ended. Best effort:
+        a host that cannot be reached is logged, never a failure of its own."""
+        if self._sweep is None or self._killed:
             return
         python, job_id, hosts = self._sweep
-        timeout = ON_KILL_BUDGET_S if after_s else self.conn_timeout
+        launcher = SSHLauncher(hosts, log=self.log, python=python,
+                               conns={h: self.ssh_conn_id for h in hosts},
+                               conn_timeout=self.conn_timeout)
+        runtime = commands.Runtime(python, handle.pythonpath)
 
         def sweep(host: str) -> str:
             try:
-                code, out, err = self.hook.run(host, sweep_command(python, job_id, after_s),
-                                               timeout=timeout)
+                code, out, err = launcher.run(host, commands.sweep_command(runtime, job_id),
+                                              timeout=self.conn_timeout)
             except RingflowError as exc:
                 return f"shm sweep on {host}: {exc}"
             said = (out + err).strip().splitlines()
             return f"shm sweep on {host}: {said[-1] if said else f'exit {code}'}"
 
-        with ThreadPoolExecutor(max_workers=min(8, len(hosts))) as pool:
-            for said in pool.map(sweep, hosts):
+        try:
+            for said in launcher.on_every_host(sweep, "sweeping shared memory").values():
                 self.log.info("%s", said)
+        finally:
+            launcher.close()
 
-    def _log_line(self, stream: str, line: str) -> None:
-        # Airflow's masker redacts task logs too; masking here also covers logs outside a task.
-        line = self._secrets.mask(line)
-        if stream == "stdout":
-            self.log.info("%s", line)
-        else:
-            self.log.warning("%s", line)
-
-    def _check_exit(self, exit_code: int, tail: list[str], host: str) -> None:
+    def _check_exit(self, exit_code: int, tail: list[str], host: str,
+                    final: dict[str, Any]) -> None:
         if self._killed:
-            raise AirflowException(f"PopRun job {self._job} on {host!r} was killed (on_kill)")
-        if exit_code == 0:
+            raise AirflowException(f"PopRun job {self._handle.task if self._handle else ''} on "
+                                   f"{host!r} was killed (on_kill)")
+        if exit_code == 0 and final.get("state") == "ended":
             return
         if exit_code in self.skip_on_exit_code:
             raise AirflowSkipException(f"PopRun exited with {exit_code} on {host!r}: skipped")
         lines = "\n".join(tail)
         how = f"with exit code {exit_code}"
-        if exit_code == -1:
-            how = ("without an exit status (exit code -1: the remote shell itself was ended "
-                   "by a signal)")
+        if final.get("state") == "lost":
+            how = ("without an exit status (its supervisor vanished: the host rebooted, or "
+                   "it was killed)")
         elif 128 < exit_code <= 128 + 64:
             how += f" (128+{exit_code - 128}: ended by signal {_signal_name(exit_code - 128)})"
         raise AirflowException(self._secrets.mask(
             f"PopRun failed on {host!r} {how}; last {len(tail)} lines:\n{lines}"))
 
-    def on_kill(self) -> None:
-        """Kill the remote process group with one detached command; return within 2 s."""
-        self._killed = True
-        if self._remote is not None:
-            deadline = time.monotonic() + ON_KILL_BUDGET_S
-            # the hosts' delayed shm sweeps go out while the kill does, in the same budget
-            sweeper = threading.Thread(target=self._sweep_segments, daemon=True,
-                                       kwargs={"after_s": KILL_GRACE_S + 2})
-            sweeper.start()
-            self._remote.stop("on_kill", ON_KILL_BUDGET_S)
-            sweeper.join(max(deadline - time.monotonic(), 0))
-        self._stop_streaming = True
-
-    def _stop_after_failure(self, error: str, host: str) -> str:
-        """A started job outlives a lost stream (cmd_timeout, dropped link) and Airflow calls
-        no on_kill after an exception: stop it here. Returns the masked failure message."""
-        message = self._secrets.mask(error)
-        if self._remote is None or self._remote.pgid is None or self._killed:
-            return message
-        said = self._remote.stop("after the failure", self.conn_timeout, block=True)
-        return f"{message}; on {host!r}: {said}" if said else message
+    def _stop_after_failure(self, handle: JobHandle, host: str) -> str:
+        """A job outlives a failed stream (cmd_timeout, dropped link) and Airflow calls no
+        on_kill after an exception: stop it here. Returns what the host said."""
+        if self._launcher is None:
+            return ""
+        said = self._launcher.stop(handle, "after the failure", timeout=self.conn_timeout)
+        text = said.get(host, "")
+        if text:
+            self.log.info("after the failure on %s: %s", host, text)
+        return text

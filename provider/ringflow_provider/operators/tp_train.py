@@ -1,9 +1,11 @@
-"""TPTrainOperator: tensor-parallel + data-parallel training with ringflow on this host.
+"""TPTrainOperator: tensor-parallel + data-parallel training with ringflow's runtime, on this
+host or on several over SSH or Open MPI.
 
-The operator is thin: it validates the rendered job spec (``tp_train.parse_spec``), starts
-this host's launcher agent running ``ringflow.train`` as a ``LocalJob`` (its own process
-group, tied to the task process by its stdin: the secrets come on it, and its end stops the
-ranks), turns the job's lines into progress lines, and returns a summary.
+The operator is thin: it validates the rendered job spec (``tp_train.spec``), picks a
+launcher backend by name (`launchers`: ``local`` without hosts, else ``ssh`` or ``mpirun``),
+starts one launcher agent per host under ringflow's supervisor running ``ringflow.train``
+(or attaches to the previous try's job), watches it here or defers to the triggerer, and
+turns what the job printed into progress lines, a summary (XCom), a plot and an Asset event.
 """
 
 from __future__ import annotations
@@ -12,42 +14,42 @@ import contextlib
 import json
 import os
 import secrets as token_source
-import sys
 import time
 import uuid
 from pathlib import Path
 from typing import Any, ClassVar
 
-from airflow.sdk import Asset, BaseOperator
+from airflow.sdk import Asset
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from ringflow.errors import LaunchError
-from ringflow.launch.stdin import encode_secrets
 from ringflow.train.checkpoint import latest_checkpoint
 from ringflow_provider.hooks.multi_ssh import MultiHostSSHHook
-from ringflow_provider.jobs import LocalJob, Secrets
-from ringflow_provider.remote_job import JobId
+from ringflow_provider.jobs import Secrets
+from ringflow_provider.launchers import get_launcher
+from ringflow_provider.launchers.base import Launcher
+from ringflow_provider.launchers.job import JobHandle, TaskKey
+from ringflow_provider.launchers.lines import JobLine
+from ringflow_provider.launchers.local import ringflow_home
+from ringflow_provider.launchers.outcome import part_failure, rank_failure
+from ringflow_provider.operators.base import RingflowJobOperator
 from ringflow_provider.tp_train.args import (
     base_port,
     connections,
     env_dict,
     host_list,
-    how,
     launcher_name,
-    log_tail,
     positive_int,
-    ringflow_home,
     try_number,
 )
 from ringflow_provider.tp_train.report import (
     JobReport,
+    Presenter,
     failure_cause,
     plot_loss,
-    progress_line,
     text_chart,
 )
 from ringflow_provider.tp_train.spec import SPEC_FIELDS, parse_spec, path_part
-from ringflow_provider.tp_train_hosts import MultiHostTraining, failure_message, tag_line
 
 __all__ = ["DEFAULT_CHECKPOINT_DIR", "DEFAULT_LOG_DIR", "TPTrainOperator", "ringflow_home"]
 
@@ -61,10 +63,10 @@ REMOTE_CHECKPOINT_DIR = ".ringflow/checkpoints/{dag_id}/{run_id}/{task_id}"
 _DEFAULT = "default"
 # exit codes of ringflow.train that a retry cannot fix: a bad spec (2), a NaN/inf loss (3)
 _NO_RETRY = {2: "the job spec or checkpoint was refused", 3: "the loss became NaN or inf"}
-_STOP_GRACE_S = 4.0  # SIGTERM -> SIGKILL; Airflow allows about 5 s after its SIGTERM
+_STOP_GRACE_S = 10.0  # the supervisor's SIGTERM -> SIGKILL; the agent's own grace is 5 s
 
 
-class TPTrainOperator(BaseOperator):
+class TPTrainOperator(RingflowJobOperator):
     """Train a ringflow model with tensor and data parallelism on this host's CPU.
 
     One launcher agent starts ``nproc_per_host`` worker processes (ranks); each runs the job
@@ -129,6 +131,19 @@ class TPTrainOperator(BaseOperator):
         Open MPI on every host and SSH from the first host to the others) (templated)
     :param base_port: the first rank port on every host; default a range free on every
         host, found before the job starts (templated)
+
+    How it is watched (the job runs under ringflow's supervisor on each host, detached from
+    the task process; see `RingflowJobOperator`):
+
+    :param deferrable: hand the watch to Airflow's triggerer, freeing the worker slot while
+        the job trains; default ``[operators] default_deferrable`` (False)
+    :param poll_interval: seconds between the triggerer's looks, default 10
+    :param lease_timeout: seconds the job trains on without a watcher before it stops itself,
+        default 1800; None: never
+    :param on_existing: ``reattach`` (default): a new try whose previous try's job still runs
+        watches that job to its end; ``restart``: it stops that job and resumes from the
+        newest checkpoint. In attached mode the job stops within seconds when the task
+        process dies, unless a later try could attach to it (``reattach`` and retries left)
     """
 
     template_fields = (*SPEC_FIELDS, "nproc_per_host", "log_dir", "extra_env", "secret_env",
@@ -138,6 +153,7 @@ class TPTrainOperator(BaseOperator):
         "secret_env": "json"}
     template_ext = ()
     ui_color = "#d8f0d2"
+    presenter = "tp_train"
 
     def __init__(self, *, model: str = "transformer", model_args: dict | str | None = None,
                  data: str = "synthetic", optimizer: dict | str | None = None,
@@ -170,11 +186,7 @@ class TPTrainOperator(BaseOperator):
         self.hosts, self.ssh_conn_id, self.python = hosts, ssh_conn_id, python
         self.launcher, self.base_port = launcher, base_port
         self._declare_asset()
-        # Plain attributes, not threading objects: Airflow deep-copies operators.
-        self._killed = False
-        self._job: LocalJob | None = None
-        self._training: MultiHostTraining | None = None
-        self._secrets = Secrets()
+        self._steps = 0
 
     def _declare_asset(self) -> None:
         """The task's outlet Asset, fixed when the DAG is parsed (needs the DAG)."""
@@ -203,8 +215,8 @@ class TPTrainOperator(BaseOperator):
 
     def _plan(self, context: Any) -> dict[str, Any]:
         """The rendered arguments, validated (spec, nproc, log_dir, extra, secret; with
-        hosts also hosts, conns, remote_log_dir, python, base_port). A bad value fails the
-        task at once, without retries, naming field and value."""
+        hosts also hosts, conns, remote_log_dir, python, launcher, base_port). A bad value
+        fails the task at once, without retries, naming field and value."""
         ti = context["ti"]
         ids = {"home": ringflow_home(), "dag_id": path_part(ti.dag_id),
                "run_id": path_part(ti.run_id), "task_id": path_part(ti.task_id),
@@ -221,16 +233,18 @@ class TPTrainOperator(BaseOperator):
             spec = parse_spec(values)
             nproc = positive_int(self.nproc_per_host, "nproc_per_host")
             spec.check_layout(nproc * max(len(hosts), 1), nproc)
-            local_dir = self.log_dir if self.log_dir and not hosts else DEFAULT_LOG_DIR
             plan = {"spec": spec, "nproc": nproc, "hosts": hosts,
-                    "log_dir": Path(os.path.expanduser(local_dir.format(**ids))),
                     "extra": env_dict(self.extra_env, "extra_env"),
-                    "secret": env_dict(self.secret_env, "secret_env")}
+                    "secret": env_dict(self.secret_env, "secret_env"), "launcher": "local",
+                    "conns": {}, "python": "python3", "base_port": None}
             if hosts:
                 plan.update(conns=connections(self.ssh_conn_id, hosts),
-                            remote_log_dir=(self.log_dir or REMOTE_LOG_DIR).format(**ids),
+                            log_dir=(self.log_dir or REMOTE_LOG_DIR).format(**ids),
                             python=_interpreter(self.python), launcher=launcher_name(
                                 self.launcher), base_port=base_port(self.base_port, nproc))
+            else:
+                plan["log_dir"] = os.path.expanduser((self.log_dir or DEFAULT_LOG_DIR)
+                                                     .format(**ids))
         except Exception as exc:  # validation messages quote values: mask them
             raise AirflowFailException(self._secrets.mask(f"task {self.task_id!r}: {exc}")) \
                 from None
@@ -239,186 +253,162 @@ class TPTrainOperator(BaseOperator):
     # running ----------------------------------------------------------------------------------
     def execute(self, context: Any) -> dict[str, Any]:
         plan = self._plan(context)
-        if plan["hosts"]:
-            return self._execute_on_hosts(context, plan)
-        spec, nproc, log_dir = plan["spec"], plan["nproc"], plan["log_dir"]
-        log_dir.mkdir(parents=True, exist_ok=True)
-        spec_path = log_dir / "spec.json"
-        spec_path.write_text(json.dumps(spec.to_dict(), indent=2) + "\n")
-        self._log_plan(spec, nproc, log_dir, context)
-        report = JobReport()
-        started = time.monotonic()
-        exit_code = self._run(spec, nproc, log_dir, spec_path, plan["extra"], plan["secret"],
-                              report)
-        self._raise_if_killed()
-        if exit_code != 0:
-            self._fail(exit_code, report, log_dir)
-        summary = self._summary(spec, nproc, log_dir, report)
-        self.log.info("training finished in %.1f s: %s", time.monotonic() - started,
-                      json.dumps(summary["final_loss"]))
-        self._emit_asset_event(context, summary, os.uname().nodename)
-        return summary
-
-    def _raise_if_killed(self) -> None:
-        if self._killed:
-            raise AirflowException(f"training job of task {self.task_id!r} was killed "
-                                   f"(on_kill); its ranks were stopped")
-
-    def _execute_on_hosts(self, context: Any, plan: dict[str, Any]) -> dict[str, Any]:
-        spec, nproc, hosts, log_dir = plan["spec"], plan["nproc"], plan["hosts"], plan["log_dir"]
-        log_dir.mkdir(parents=True, exist_ok=True)
-        (log_dir / "spec.json").write_text(json.dumps(spec.to_dict(), indent=2) + "\n")
-        mp, world = spec.tensor_parallel_degree, nproc * len(hosts)
-        self.log.info("training %s on %d hosts (%s), %d ranks each: %d ranks (tensor parallel "
-                      "%d x data parallel %d), %d steps of %d samples; logs and spec in %s on "
-                      "each host, checkpoints in %s", spec.model, len(hosts), ",".join(hosts),
-                      nproc, world, mp, world // mp, spec.steps, spec.global_batch_size,
-                      plan["remote_log_dir"], spec.checkpoint_dir)
-        token = token_source.token_hex(32)
-        self._secrets = self._collect_secrets().add(token)
-        self._secrets.register()
-        ti, report, first = context["ti"], JobReport(), {"step": None}
-        hooks = {conn: MultiHostSSHHook(conn) for conn in set(plan["conns"].values())}
-
-        def on_line(host: str, stream: str, text: str) -> None:
-            self._on_line(stream, text, report, spec.steps, first, tag_line(host, text), host)
-
-        training = self._training = MultiHostTraining(
-            {h: hooks[c] for h, c in plan["conns"].items()}, hosts,
-            JobId(ti.dag_id, ti.task_id, ti.run_id, try_number(ti)), plan["python"], nproc,
-            plan["remote_log_dir"], on_line, self.log, plan["base_port"], plan["launcher"])
-        started = time.monotonic()
+        self._steps = plan["spec"].steps
+        launcher = get_launcher(plan["launcher"], plan["hosts"], log=self.log,
+                                python=plan["python"], conns=plan["conns"] or None)
+        hosts = plan["hosts"]
+        where = f" on {len(hosts)} hosts" if hosts else ""
         try:
-            training.prepare(spec.to_dict())
-            self._raise_if_killed()
-            env = {**plan["extra"], "RINGFLOW_JOB_ID": uuid.uuid4().hex[:12],
-                   "PYTHONUNBUFFERED": "1"}
-            agents = training.run(env, encode_secrets({"RINGFLOW_JOB_TOKEN": token,
-                                                       **plan["secret"]}).decode())
+            return self.run_job(context, launcher, lambda: self._start(context, launcher, plan),
+                                where)
         except LaunchError as exc:
             raise AirflowException(self._secrets.mask(str(exc))) from None
         finally:
-            for hook in hooks.values():
-                hook.close()
-        self._raise_if_killed()
-        if any(a.exit_code != 0 for a in agents):
-            message, code = failure_message(training)
-            message = self._secrets.mask(message)
-            if code in _NO_RETRY:
-                raise AirflowFailException(f"{message}\n(not retried: {_NO_RETRY[code]})")
-            raise AirflowException(message)
-        summary = self._summary(spec, world, log_dir, report)
-        summary.update(hosts=hosts, checkpoint=training.absolute(summary["checkpoint"]),
-                       log_dir=f"{hosts[0]}:{training.absolute(plan['remote_log_dir'])}")
-        self.log.info("training finished in %.1f s on %d hosts: %s",
-                      time.monotonic() - started, len(hosts), json.dumps(summary["final_loss"]))
-        self._emit_asset_event(context, summary, hosts[0])
-        return summary
+            launcher.close()
 
-    def _log_plan(self, spec: Any, nproc: int, log_dir: Path, context: Any) -> None:
-        mp = spec.tensor_parallel_degree
+    def _start(self, context: Any, launcher: Launcher, plan: dict[str, Any]) -> JobHandle:
+        """Prepare the hosts, stop what earlier tries left, start one agent per host."""
+        spec, nproc = plan["spec"], plan["nproc"]
+        task = TaskKey.from_ti(context["ti"])
+        self._log_plan(spec, nproc, plan, task)
+        launcher.prepare(numpy=True)
+        launcher.stop_earlier(task, f"try {task.try_number} starts the job again")
+        self._raise_if_killed()
+        port = plan["base_port"] or launcher.free_base_port(nproc)
+        log_dir = plan["log_dir"]
+        text = json.dumps(spec.to_dict(), indent=2) + "\n"
+        launcher.on_every_host(lambda h: launcher.put_file(h, f"{log_dir}/spec.json", text),
+                               "writing the job spec")
+        token = token_source.token_hex(32)
+        self._secrets = self._collect_secrets().add(token)
+        self._secrets.register()
+        env = {**plan["extra"], "PYTHONUNBUFFERED": "1"}
+        parts = launcher.agent_parts(["-m", "ringflow.train", f"{log_dir}/spec.json"],
+                                     nproc_per_host=nproc, log_dir=log_dir, base_port=port,
+                                     env=env)
+        return launcher.start(
+            task, parts, job_id=uuid.uuid4().hex[:12], env=env,
+            secrets={"RINGFLOW_JOB_TOKEN": token, **plan["secret"]},
+            lease_timeout=self.lease_timeout, grace_s=_STOP_GRACE_S, log_dir=log_dir,
+            checkpoint_dir=spec.checkpoint_dir, gathered=launcher.name == "mpirun",
+            extra={"homes": dict(launcher.homes), "nproc_per_host": nproc,
+                   "model": spec.model, "mp_degree": spec.tensor_parallel_degree,
+                   "steps": spec.steps})
+
+    def _log_plan(self, spec: Any, nproc: int, plan: dict[str, Any], task: TaskKey) -> None:
+        hosts, mp = plan["hosts"], spec.tensor_parallel_degree
+        world = nproc * max(len(hosts), 1)
+        where = (f"on {len(hosts)} hosts ({','.join(hosts)}), {nproc} ranks each, launcher "
+                 f"{plan['launcher']}" if hosts else "on this host")
         self.log.info(
-            "training %s on this host: %d ranks (tensor parallel %d x data parallel %d), %d "
-            "steps of %d samples, %s, %s optimizer; logs and spec in %s", spec.model, nproc, mp,
-            nproc // mp, spec.steps, spec.global_batch_size, spec.dtype,
-            spec.optimizer["type"], log_dir)
-        attempt = try_number(context["ti"])
+            "training %s %s: %d ranks (tensor parallel %d x data parallel %d), %d steps of %d "
+            "samples, %s, %s optimizer; logs and spec in %s", spec.model, where, world, mp,
+            world // mp, spec.steps, spec.global_batch_size, spec.dtype,
+            spec.optimizer["type"], plan["log_dir"])
         if spec.checkpoint_dir is None:
             self.log.info("no checkpoints (checkpoint_dir is None): a retry starts over")
+            return
+        if hosts:
+            self.log.info("checkpoints in %s on each host", spec.checkpoint_dir)
             return
         latest = latest_checkpoint(spec.checkpoint_dir) if spec.resume else None
         if latest is None:
             self.log.info("try %d: no complete checkpoint in %s: training starts at step 1",
-                          attempt, spec.checkpoint_dir)
+                          task.try_number, spec.checkpoint_dir)
         elif latest.step >= spec.steps:
             self.log.info("try %d: the checkpoint of step %d in %s already reaches the %d "
-                          "steps asked: nothing to train", attempt, latest.step,
+                          "steps asked: nothing to train", task.try_number, latest.step,
                           latest.path, spec.steps)
         else:
-            self.log.info("try %d: resuming from step %d (checkpoint %s)", attempt,
+            self.log.info("try %d: resuming from step %d (checkpoint %s)", task.try_number,
                           latest.step, latest.path)
 
-    def _run(self, spec: Any, nproc: int, log_dir: Path, spec_path: Path, extra_env: dict,
-             secret_env: dict, report: JobReport) -> int:
-        token = token_source.token_hex(32)
-        self._secrets = self._collect_secrets().add(token)
-        self._secrets.register()
-        env = {**os.environ, **{k: str(v) for k, v in extra_env.items()},
-               "RINGFLOW_JOB_ID": uuid.uuid4().hex[:12], "PYTHONUNBUFFERED": "1"}
-        for name in ("RINGFLOW_JOB_TOKEN", *secret_env):
-            env.pop(name, None)  # they come on stdin only
-        line = encode_secrets({"RINGFLOW_JOB_TOKEN": token,
-                               **{k: str(v) for k, v in secret_env.items()}})
-        argv = [sys.executable, "-m", "ringflow.launch", "--stdin", "--nproc-per-host",
-                str(nproc), "--log-dir", str(log_dir), "-m", "ringflow.train", str(spec_path)]
-        first = {"step": None}
+    # the job's lines ----------------------------------------------------------------------------
+    def new_report(self) -> JobReport:
+        return JobReport()
 
-        def on_line(stream: str, text: str) -> None:
-            self._on_line(stream, text, report, spec.steps, first)
+    def present(self, line: JobLine) -> tuple[str, str]:
+        if not hasattr(self, "_presenter"):
+            self._presenter = Presenter(self._steps)
+        return self._presenter(line)
 
-        with LocalJob(argv, on_line, env=env, stdin_line=line, grace_s=_STOP_GRACE_S) as job:
-            self._job = job
-            if self._killed:
-                return -1
-            job.start()
-            return job.wait()
+    def present_options(self) -> dict[str, Any]:
+        return {"steps": self._steps}
 
-    def _on_line(self, stream: str, text: str, report: JobReport, steps: int,
-                 first: dict, shown: str | None = None, host: str | None = None) -> None:
-        parsed = report.feed(text)
-        if parsed is None:
-            text = self._secrets.mask(shown if shown is not None else text)
-            (self.log.info if stream == "stdout" else self.log.warning)("%s", text)
-            return
-        kind, payload = parsed
-        if kind == "metric":
-            first["step"] = first["step"] or payload["step"]
-            self.log.info("%s", progress_line(payload, steps, first["step"]))
-        elif kind == "summary":
-            self.log.info("summary: %s", self._secrets.mask(json.dumps(payload)))
+    def progress_text(self, report: JobReport) -> str:
+        step = report.last_step
+        return f"step {step}/{self._steps}" if step is not None else ""
+
+    # the end ------------------------------------------------------------------------------------
+    def finish(self, context: Any, handle: JobHandle, report: JobReport,
+               finals: dict[str, dict[str, Any]]) -> dict[str, Any]:
+        """The summary (XCom), the plot and the Asset event of a job that succeeded; the
+        failure of one that did not: the same whether it was watched here or deferred."""
+        if any(f.get("state") != "ended" or f.get("exit_code") != 0 for f in finals.values()):
+            self._fail(handle, report, finals)
+        extra = handle.extra
+        world = extra.get("nproc_per_host", 1) * len(handle.hosts)
+        summary = self._summary(handle, world, report)
+        first = handle.hosts[0] if handle.show_hosts else os.uname().nodename
+        self.log.info("training finished %.1f s after the job started%s: final loss %s",
+                      time.time() - handle.started_at,
+                      f" on {len(handle.hosts)} hosts" if handle.show_hosts else "",
+                      json.dumps(summary["final_loss"]))
+        self._emit_asset_event(context, summary, first)
+        return summary
+
+    def _fail(self, handle: JobHandle, report: JobReport,
+              finals: dict[str, dict[str, Any]]) -> None:
+        hosts: list[str | None] = list(handle.hosts) if handle.show_hosts else [None]
+        first = report.first_failure(hosts)
+        if first is not None:
+            host, entry = first
+            message, code = rank_failure(report, host, entry, handle.log_dir, failure_cause,
+                                         handle.hosts[0])
         else:
-            self.log.info("launcher%s: %s (exit code %s)", f" on {host}" if host else "",
-                          payload.get("cause"), payload.get("exit_code"))
-
-    def _fail(self, exit_code: int, report: JobReport, log_dir: Path) -> None:
-        result = report.result or {}
-        rank = result.get("failed_rank")
-        if rank is None:  # the launcher itself failed (or gave no result line)
-            tail = self._job.tail if self._job else []
-            where = (f"the launcher on this host ended with {how(exit_code)} "
-                     f"({result.get('cause') or 'no result line'})")
-            source = "its output"
-        else:
-            tail = log_tail(log_dir, rank)
-            info = next((r for r in result.get("ranks", []) if r.get("rank") == rank), {})
-            code = info.get("exit_code", exit_code)
-            cause = failure_cause(tail) or result.get("cause") or "no cause in its log"
-            where = (f"rank {rank} on {result.get('host', 'this host')} (pid "
-                     f"{info.get('pid', '?')}) failed first with {how(code)}: {cause}")
-            source = str(log_dir / f"workerlog.{rank}")
-            exit_code = code
-        message = self._secrets.mask(f"training failed: {where}; last {len(tail)} lines of "
-                                     f"{source}:\n" + "\n".join(tail))
-        if exit_code in _NO_RETRY:
-            raise AirflowFailException(f"{message}\n(not retried: {_NO_RETRY[exit_code]})")
+            bad = next((h for h, f in finals.items() if f.get("state") != "ended"
+                        or f.get("exit_code") != 0), next(iter(finals), None))
+            shown = bad if handle.show_hosts else None
+            message, code = part_failure(report, shown, finals.get(bad, {}), handle.hosts[0])
+        message = self._secrets.mask(message)
+        if code in _NO_RETRY:
+            raise AirflowFailException(f"{message}\n(not retried: {_NO_RETRY[code]})")
         raise AirflowException(message)
 
-    def _summary(self, spec: Any, world: int, log_dir: Path, report: JobReport
-                 ) -> dict[str, Any]:
+    def _summary(self, handle: JobHandle, world: int, report: JobReport) -> dict[str, Any]:
         job = report.summary or {}
-        mp, nproc = spec.tensor_parallel_degree, world
-        plot, said = plot_loss(report.history, log_dir / "loss.png",
-                               f"{self.task_id}: {spec.model}, mp {mp} x dp {nproc // mp}")
+        mp = handle.extra.get("mp_degree", 1)
+        homes = handle.extra.get("homes", {})
+        first = handle.hosts[0]
+        plot, said = self._plot(handle, report, mp, world)
         self.log.info("%s", said)
         chart = text_chart(report.history)
         if chart:
             self.log.info("loss by step:\n%s", chart)
-        return {"final_loss": job.get("final_loss"),
-                "loss_history": [[s, v] for s, v in report.history],
-                "samples_per_s": job.get("samples_per_s"), "steps": job.get("steps"),
-                "world_size": nproc, "mp_degree": mp, "dp_degree": nproc // mp,
-                "checkpoint": job.get("checkpoint"), "log_dir": str(log_dir), "plot": plot,
-                "resumed_from": job.get("resumed_from")}
+        summary = {"final_loss": job.get("final_loss"),
+                   "loss_history": [[s, v] for s, v in report.history],
+                   "samples_per_s": job.get("samples_per_s"), "steps": job.get("steps"),
+                   "world_size": world, "mp_degree": mp, "dp_degree": world // mp,
+                   "checkpoint": job.get("checkpoint"), "log_dir": handle.log_dir,
+                   "plot": plot, "resumed_from": job.get("resumed_from")}
+        if handle.show_hosts:
+            summary.update(hosts=list(handle.hosts),
+                           checkpoint=_absolute(summary["checkpoint"], homes.get(first)),
+                           log_dir=f"{first}:{_absolute(handle.log_dir, homes.get(first))}")
+        return summary
+
+    def _plot(self, handle: JobHandle, report: JobReport, mp: int,
+              world: int) -> tuple[str | None, str]:
+        """The loss plot goes beside this worker's logs (a remote job's logs are on its
+        hosts: the plot then goes to this worker's default log folder of the try)."""
+        folder = Path(handle.log_dir) if not handle.show_hosts and handle.log_dir else \
+            Path(ringflow_home()) / "runs" / path_part(handle.task.dag_id) / \
+            path_part(handle.task.run_id) / path_part(handle.task.task_id) / \
+            f"try-{handle.try_number}"
+        folder.mkdir(parents=True, exist_ok=True)
+        return plot_loss(report.history, folder / "loss.png",
+                         f"{self.task_id}: {handle.extra.get('model')}, mp {mp} x dp "
+                         f"{world // mp}")
 
     def _emit_asset_event(self, context: Any, summary: dict[str, Any], host: str) -> None:
         asset, events = self.asset, context.get("outlet_events")
@@ -427,14 +417,12 @@ class TPTrainOperator(BaseOperator):
         events[asset].extra = {"checkpoint": summary["checkpoint"], "host": host,
                                "step": summary["steps"], "final_loss": summary["final_loss"]}
 
-    def on_kill(self) -> None:
-        """Stop every rank (TERM, KILL after a grace, without blocking Airflow's kill
-        window) and make ``execute`` raise."""
-        self._killed = True
-        if self._job is not None:
-            self.log.info("on_kill: %s", self._job.stop())
-        if self._training is not None:
-            self._training.stop("on_kill")
+
+def _absolute(path: str | None, home: str | None) -> str | None:
+    """A path the agents saw relative to their working folder (the login's home)."""
+    if not path or path.startswith("/") or not home:
+        return path
+    return f"{home.rstrip('/')}/{path}"
 
 
 def _interpreter(value: Any) -> str:

@@ -24,12 +24,11 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from ringflow.launch import jobdir
 from ringflow.launch.supervisor import boot_id
-from ringflow_provider.jobs.lines import LineSplitter
 from ringflow_provider.jobs.masking import Secrets
 from ringflow_provider.launchers import commands
 from ringflow_provider.launchers.commands import Runtime
 from ringflow_provider.launchers.job import JobHandle, Part
-from ringflow_provider.launchers.lines import JobLine, read_line
+from ringflow_provider.launchers.lines import JobLine, lines_of
 
 CLASSPATH = "ringflow_provider.triggers.job.JobTrigger"
 PEEK_BYTES = 1 << 20
@@ -150,7 +149,6 @@ class JobTrigger(BaseTrigger):
         self._shells = {p.host: self._shell(p) for p in handle.parts}
         self._mask = Secrets(self.secrets)
         self._present = presenter(self.presenter, self.present_options)
-        self._splitters: dict[str, dict[str, LineSplitter]] = {}
         try:
             event = await self._watch(handle)
         except Exception as exc:  # an event, not a traceback: the task says what happened
@@ -234,16 +232,8 @@ class JobTrigger(BaseTrigger):
         return jobdir.parse_peek(out)
 
     def _log_output(self, part: Part, data: bytes) -> None:
-        handle = self._handle
-
-        def sink(stream: str, raw: str) -> None:
-            line = read_line(stream, raw, part.host if handle.show_hosts else None,
-                             list(handle.hosts) if handle.gathered else None)
+        for line in lines_of(data, self._handle, part.host):
             self._log_line(line)
-
-        splitter = LineSplitter("stdout", sink)
-        splitter.feed(data)
-        splitter.flush()
 
     def _log_line(self, line: JobLine) -> None:
         level, text = self._present(line)

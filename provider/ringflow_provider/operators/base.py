@@ -1,0 +1,229 @@
+"""What both operators share: a job started through a launcher (or an earlier try's job that
+still runs, attached to again), watched attached in the task or deferred to the triggerer,
+and reported by one code path whichever way it was watched; `on_kill` stops it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+from airflow.sdk import BaseOperator, conf
+from airflow.sdk.exceptions import AirflowException
+
+from ringflow.errors import LaunchError
+from ringflow_provider.jobs.masking import Secrets
+from ringflow_provider.launchers import launcher_for
+from ringflow_provider.launchers.base import Launcher
+from ringflow_provider.launchers.job import JobHandle, TaskKey
+from ringflow_provider.launchers.lines import JobLine
+from ringflow_provider.triggers.job import JobTrigger
+
+XCOM_JOB = "ringflow_job"
+ON_EXISTING = ("reattach", "restart")
+DEFAULT_LEASE_S = 1800.0
+DEFAULT_POLL_S = 10.0
+# executors whose workers share the host with the triggerer of a one-machine deployment
+_LOCAL_EXECUTORS = ("LocalExecutor", "SequentialExecutor", "DebugExecutor")
+
+
+class RingflowJobOperator(BaseOperator):
+    """Base of PopRunOperator and TPTrainOperator (see their docstrings for the arguments
+    below).
+
+    :param deferrable: hand the watch of the running job to Airflow's triggerer, freeing the
+        worker slot; default ``[operators] default_deferrable`` (False)
+    :param poll_interval: seconds between the triggerer's looks at a deferred job, default 10
+    :param lease_timeout: seconds a job runs on without anybody watching it before it stops
+        itself, default 1800; None: never
+    :param on_existing: what a new try does when the previous try's job still runs:
+        ``reattach`` (default: watch it to its end) or ``restart`` (stop it, start anew)
+    """
+
+    #: how the triggerer reads the job's lines (`triggers.job.presenter`)
+    presenter: ClassVar[str] = "plain"
+
+    def __init__(self, *, deferrable: bool = conf.getboolean("operators", "default_deferrable",
+                                                             fallback=False),
+                 poll_interval: float = DEFAULT_POLL_S,
+                 lease_timeout: float | None = DEFAULT_LEASE_S,
+                 on_existing: str = "reattach", **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if on_existing not in ON_EXISTING:
+            raise ValueError(f"on_existing must be one of {', '.join(ON_EXISTING)}, got "
+                             f"{on_existing!r}")
+        if not poll_interval > 0:
+            raise ValueError(f"poll_interval must be > 0 seconds, got {poll_interval!r}")
+        if lease_timeout is not None and not lease_timeout > 0:
+            raise ValueError(f"lease_timeout must be > 0 seconds or None, got "
+                             f"{lease_timeout!r}")
+        self.deferrable = deferrable
+        self.poll_interval = poll_interval
+        self.lease_timeout = lease_timeout
+        self.on_existing = on_existing
+        # Plain attributes, not threading objects: Airflow deep-copies operators.
+        self._killed = False
+        self._handle: JobHandle | None = None
+        self._launcher: Launcher | None = None
+        self._secrets = Secrets()
+        self._next_try_attaches = False  # a later try would attach to this try's job
+
+    # -- what a subclass says --------------------------------------------------------------
+    def new_report(self) -> Any:
+        """An object with `feed(JobLine)` that gathers what the job's lines say."""
+        raise NotImplementedError
+
+    def present(self, line: JobLine) -> tuple[str, str]:
+        """(level, text) of a line for the task log."""
+        return ("info" if line.stream == "stdout" else "warning"), line.shown
+
+    def present_options(self) -> dict[str, Any]:
+        return {}
+
+    def finish(self, context: Any, handle: JobHandle, report: Any,
+               finals: dict[str, dict[str, Any]]) -> Any:
+        """The task's result (XCom) from the job's report, or the exception it fails with."""
+        raise NotImplementedError
+
+    # -- the one path ----------------------------------------------------------------------
+    def run_job(self, context: Any, launcher: Launcher, start: Callable[[], JobHandle],
+                where: str = "") -> Any:
+        """Attach to the previous try's job if it still runs (and `on_existing` says so),
+        else `start()` one; then defer to the triggerer or watch it here, and report."""
+        ti = context["ti"]
+        task = TaskKey.from_ti(ti)
+        self._launcher = launcher
+        if self.deferrable and launcher.name == "local":
+            self._check_triggerer_can_see(launcher)
+        report = self.new_report()
+        offsets: dict[str, int] = {}
+        handle = self._running_earlier(launcher, task) if self.on_existing == "reattach" \
+            else None
+        if handle is not None:
+            offsets = self._catch_up(handle, report, task)
+        else:
+            self._raise_if_killed()
+            handle = start()
+        self._handle = handle
+        ti.xcom_push(key=XCOM_JOB, value=handle.to_dict())
+        self._raise_if_killed()
+        if self.deferrable:
+            self.log.info("deferring: the triggerer watches job %s%s every %g s (lease %s)",
+                          handle.job_id, where, self.poll_interval,
+                          "none" if self.lease_timeout is None else f"{self.lease_timeout:g} s")
+            self.defer(trigger=self._trigger(handle, offsets), method_name="execute_complete")
+        tie = self.on_existing == "restart" or not _retries_left(ti)
+        self._next_try_attaches = not tie
+        finals = self._attach(launcher, handle, report, offsets, tie)
+        self._raise_if_killed()
+        return self.finish(context, handle, report, finals)
+
+    def execute_complete(self, context: Any, event: dict[str, Any]) -> Any:
+        """The triggerer saw the job end (or lost a host): report as the attached path does."""
+        handle = JobHandle.from_dict(event["job"])
+        self._handle = handle
+        if event.get("status") == "error":
+            raise AirflowException(self._secrets.mask(str(event.get("message"))))
+        launcher = launcher_for(handle, self.log)
+        try:
+            report = self.new_report()
+            _, looks = launcher.read_all(handle, report.feed)
+        except LaunchError as exc:
+            raise AirflowException(self._secrets.mask(str(exc))) from None
+        finally:
+            launcher.close()
+        finals = {host: {**(look.status or {}), "state": look.state}
+                  for host, look in looks.items()}
+        return self.finish(context, handle, report, finals)
+
+    def on_kill(self) -> None:
+        """Stop the job on every host (returns within about 2 s) and make `execute` raise."""
+        self._killed = True
+        if self._handle is not None:
+            launcher = self._launcher or launcher_for(self._handle, self.log)
+            launcher.stop(self._handle, "on_kill: the task was killed in Airflow")
+
+    # -- pieces ----------------------------------------------------------------------------
+    def _raise_if_killed(self) -> None:
+        if self._killed:
+            raise AirflowException(f"the job of task {self.task_id!r} was killed (on_kill); "
+                                   f"it was stopped on every host")
+
+    def _trigger(self, handle: JobHandle, offsets: dict[str, int]) -> JobTrigger:
+        return JobTrigger(job=handle.to_dict(), offsets=offsets,
+                          poll_interval=self.poll_interval, presenter=self.presenter,
+                          present_options=self.present_options(),
+                          secrets=self._secrets.values)
+
+    def _running_earlier(self, launcher: Launcher, task: TaskKey) -> JobHandle | None:
+        """The newest earlier try's job, if it still runs with a fresh lease."""
+        try:
+            earlier = launcher.task_jobs(task)
+        except LaunchError as exc:
+            self.log.warning("could not look for an earlier try's job: %s", exc)
+            return None
+        if not earlier:
+            return None
+        watcher = launcher_for(earlier[0], self.log)
+        try:
+            running = watcher.running(earlier[0])
+        except LaunchError as exc:
+            self.log.warning("could not look at try %d's job: %s", earlier[0].try_number, exc)
+            running = None
+        finally:
+            watcher.close()
+        return earlier[0] if running else None
+
+    def _catch_up(self, handle: JobHandle, report: Any, task: TaskKey) -> dict[str, int]:
+        """Read what the running job printed so far (the report gets all of it, the log
+        one line), and return where the watch goes on from."""
+        launcher = launcher_for(handle, self.log)
+        try:
+            offsets, _ = launcher.read_all(handle, report.feed)
+        finally:
+            launcher.close()
+        at = self.progress_text(report)
+        self.log.info("try %d: attaching to the running job of try %d%s", task.try_number,
+                      handle.try_number, f" at {at}" if at else "")
+        return offsets
+
+    def progress_text(self, report: Any) -> str:
+        """Where a job is, for the reattach line (`step 140/400`)."""
+        return ""
+
+    def _attach(self, launcher: Launcher, handle: JobHandle, report: Any,
+                offsets: dict[str, int], tie: bool) -> dict[str, dict[str, Any]]:
+        """Watch the job here to its end: every line logged and reported."""
+        watcher = launcher if launcher.name == handle.launcher and \
+            set(launcher.hosts) >= {p.host for p in handle.parts} else \
+            launcher_for(handle, self.log)
+        self._launcher = watcher
+
+        def on_line(line: JobLine) -> None:
+            report.feed(line)
+            self._show(line)
+
+        return watcher.attach(handle, on_line, offsets=offsets, tie=tie)
+
+    def _show(self, line: JobLine) -> None:
+        """A line of the job in the task log, masked."""
+        level, text = self.present(line)
+        (self.log.info if level == "info" else self.log.warning)("%s", self._secrets.mask(text))
+
+    def _check_triggerer_can_see(self, launcher: Launcher) -> None:
+        """A job on this worker can be deferred only where the triggerer runs on the same
+        host: the single-machine executors. Elsewhere, say what to do instead."""
+        executors = [e.strip().rsplit(".", 1)[-1]
+                     for e in conf.get("core", "executor", fallback="").split(",") if e.strip()]
+        if executors and all(e in _LOCAL_EXECUTORS for e in executors):
+            return
+        raise AirflowException(
+            f"deferrable=True without hosts runs the job on this worker, which the triggerer "
+            f"cannot watch from another machine (executor {', '.join(executors)}): give "
+            f"hosts=[...] (this worker's name too) with an ssh connection so the triggerer "
+            f"watches the job over SSH, or use deferrable=False")
+
+
+def _retries_left(ti: Any) -> bool:
+    """Whether a later try of this task may come (and could attach to its job)."""
+    number = int(getattr(ti, "try_number", 0) or 0)
+    return 0 < number <= int(getattr(ti, "max_tries", 0) or 0)
