@@ -88,6 +88,12 @@ PARAMS = {
                          description="Host that runs poprun; empty: the first of hosts"),
     "dry_run": Param(True, type="boolean", section=RUN,
                      description="Only render, validate and log the command; no SSH"),
+    "deferrable": Param(False, type="boolean", section=RUN,
+                        description="Hand the watch of the job to Airflow's triggerer: no "
+                                    "worker slot is held while it runs"),
+    "poll_interval": Param(10, type="number", minimum=0.5, maximum=3600, section=RUN,
+                           description="With deferrable: seconds between the triggerer's "
+                                       "looks at the job"),
     "ringflow_job": Param(False, type="boolean", section=RUN,
                           description="The instances are ringflow workers: give them a job id "
                                       "and a secret job token per try"),
@@ -127,4 +133,6 @@ with DAG(
         launch_host="{{ params.launch_host or '' }}",
         dry_run="{{ params.dry_run }}",
         ringflow_job="{{ params.ringflow_job }}",
+        deferrable="{{ params.deferrable }}",
+        poll_interval="{{ params.poll_interval }}",
     )

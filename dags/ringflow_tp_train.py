@@ -18,8 +18,10 @@ parallel inside a host, data parallel across; checkpoints on each host's disk.
 
 Params reach the training processes; trigger them from the UI's form or with
 `airflow dags trigger ringflow_tp_train -c '{"steps": 50}'`; debug a change with
-`airflow tasks test ringflow_tp_train train -t '{"steps": 30}'`. A retry of the task resumes
-from its newest checkpoint (under `~/.ringflow/checkpoints/`).
+`airflow tasks test ringflow_tp_train train -t '{"steps": 30}'`. The job runs detached from
+the task under ringflow's supervisor: with `deferrable` the triggerer watches it and the
+worker slot is free while it trains; a retry attaches to the previous try's job if it still
+runs (`on_existing`), else resumes from its newest checkpoint (under `~/.ringflow/checkpoints/`).
 """
 
 from __future__ import annotations
@@ -77,6 +79,17 @@ PARAMS = {
                     description="With hosts: the interpreter on the hosts"),
     "log_every": Param(10, type="integer", minimum=1, section=RUN,
                        description="A progress line every this many steps"),
+    "deferrable": Param(False, type="boolean", section=RUN,
+                        description="Hand the watch of the training job to Airflow's "
+                                    "triggerer: no worker slot is held while it trains (the "
+                                    "job runs on, detached, under ringflow's supervisor)"),
+    "poll_interval": Param(10, type="number", minimum=0.5, maximum=3600, section=RUN,
+                           description="With deferrable: seconds between the triggerer's "
+                                       "looks at the job (its lines reach the log this late)"),
+    "on_existing": Param("reattach", type="string", enum=["reattach", "restart"], section=RUN,
+                         description="When a retry finds the previous try's job still "
+                                     "running: watch it to its end (reattach), or stop it "
+                                     "and resume from the newest checkpoint (restart)"),
 }
 
 MODEL = Asset("ringflow://ringflow_tp_train/train")
@@ -107,6 +120,9 @@ with DAG(
         launcher="{{ params.launcher }}",
         ssh_conn_id="{{ params.ssh_conn_id }}",
         python="{{ params.python }}",
+        deferrable="{{ params.deferrable }}",
+        poll_interval="{{ params.poll_interval }}",
+        on_existing="{{ params.on_existing }}",
     )
 
 

@@ -42,6 +42,8 @@ SERVICES = {  # name -> `airflow` arguments
     # port 8793 shared with whatever else runs on the machine).
     "scheduler": ("scheduler", "--skip-serve-logs"),
     "dag-processor": ("dag-processor",),
+    # watches deferred tasks (the operators' deferrable mode)
+    "triggerer": ("triggerer", "--skip-serve-logs"),
 }
 
 
@@ -110,19 +112,34 @@ class AirflowServices:
             "AIRFLOW__API__BASE_URL": self.base_url,
             "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.base_url}/execution/",
             "AIRFLOW__LOGGING__BASE_LOG_FOLDER": str(self.log_dir / "logs"),
+            # a retry comes 2 s after a failed try (not 5 min), and a triggerer that dies is
+            # replaced within seconds (its triggers move to the next one after 6 s)
+            "AIRFLOW__CORE__DEFAULT_TASK_RETRY_DELAY": "2",
+            "AIRFLOW__TRIGGERER__JOB_HEARTBEAT_SEC": "1",
+            "AIRFLOW__TRIGGERER__TRIGGERER_HEALTH_CHECK_THRESHOLD": "6",
         }
 
     def start(self) -> None:
-        env = self.env()
-        for name, args in SERVICES.items():
-            argv = [str(VENV_BIN / "airflow"), *args]
-            if name == "api-server":
-                argv += ["--port", str(self.port)]
-            with open(self.log_dir / f"{name}.log", "wb") as log:
-                self.procs[name] = subprocess.Popen(
-                    argv, cwd=self.log_dir, env=env, stdin=subprocess.DEVNULL, stdout=log,
-                    stderr=subprocess.STDOUT, start_new_session=True)
+        for name in SERVICES:
+            self.start_service(name)
         self._wait_healthy(START_TIMEOUT_S)
+
+    def start_service(self, name: str) -> subprocess.Popen:
+        argv = [str(VENV_BIN / "airflow"), *SERVICES[name]]
+        if name == "api-server":
+            argv += ["--port", str(self.port)]
+        with open(self.log_dir / f"{name}.log", "ab") as log:
+            self.procs[name] = subprocess.Popen(
+                argv, cwd=self.log_dir, env=self.env(), stdin=subprocess.DEVNULL, stdout=log,
+                stderr=subprocess.STDOUT, start_new_session=True)
+        return self.procs[name]
+
+    def kill_service(self, name: str) -> None:
+        """SIGKILL a service's whole process group, as a crash or an OOM kill would end it."""
+        proc = self.procs[name]
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
 
     def _wait_healthy(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -134,7 +151,7 @@ class AirflowServices:
                                    f"{self.log_tails()}")
             with contextlib.suppress(httpx.HTTPError, ValueError):
                 health = httpx.get(f"{self.base_url}/api/v2/monitor/health", timeout=5).json()
-                parts = ("metadatabase", "scheduler", "dag_processor")
+                parts = ("metadatabase", "scheduler", "dag_processor", "triggerer")
                 if all(health.get(part, {}).get("status") == "healthy" for part in parts):
                     return
             time.sleep(0.25)
@@ -293,6 +310,52 @@ class AirflowAPI:
             lines = [_log_line(entry) for entry in response.json()["content"]]
             parts.append("\n".join([head, *lines[-60:]]))
         return "\n".join(parts)
+
+    def task_instance(self, dag_id: str, run_id: str, task_id: str) -> dict:
+        return self.get(f"/dags/{dag_id}/dagRuns/{quote(run_id, safe='')}/taskInstances/"
+                        f"{task_id}")
+
+    def wait_for_state(self, dag_id: str, run_id: str, task_id: str, states: set[str],
+                       timeout: float) -> dict:
+        """The task instance once its state is one of `states`."""
+        deadline = time.monotonic() + timeout
+        ti = self.task_instance(dag_id, run_id, task_id)
+        while ti["state"] not in states and time.monotonic() < deadline:
+            time.sleep(0.25)
+            ti = self.task_instance(dag_id, run_id, task_id)
+        if ti["state"] not in states:
+            raise AssertionError(f"{task_id} of {run_id} is {ti['state']!r}, not one of "
+                                 f"{sorted(states)} after {timeout:.0f} s\n"
+                                 f"{self.task_logs(dag_id, run_id)}")
+        return ti
+
+    def set_task_state(self, dag_id: str, run_id: str, task_id: str, state: str) -> None:
+        """As the UI's "Mark as failed/success" does."""
+        path = f"/dags/{dag_id}/dagRuns/{quote(run_id, safe='')}/taskInstances/{task_id}"
+        response = self.http.patch(path, json={"new_state": state})
+        assert response.status_code == 200, response.text
+
+    def pool(self, name: str = "default_pool") -> dict:
+        return self.get(f"/pools/{name}")
+
+    def add_connection(self, conn_id: str, conn: dict) -> None:
+        """A connection in the metadata database (what every service and task sees)."""
+        body = {"connection_id": conn_id, "conn_type": conn["conn_type"],
+                "host": conn.get("host"), "port": conn.get("port"),
+                "login": conn.get("login"), "password": conn.get("password"),
+                "extra": json.dumps(conn.get("extra") or {})}
+        self.http.delete(f"/connections/{conn_id}")
+        response = self.http.post("/connections", json=body)
+        assert response.status_code == 201, response.text
+
+    def task_log(self, dag_id: str, run_id: str, task_id: str, try_number: int) -> list[str]:
+        """The events of one try's log (the task's and the triggerer's), as the UI shows it."""
+        path = (f"/dags/{dag_id}/dagRuns/{quote(run_id, safe='')}/taskInstances/{task_id}/"
+                f"logs/{try_number}?full_content=true")
+        response = self.http.get(path)
+        assert response.status_code == 200, response.text
+        return [str(e.get("event", "")) if isinstance(e, dict) else str(e)
+                for e in response.json()["content"]]
 
     def xcom(self, dag_id: str, run_id: str, task_id: str, key: str = "return_value") -> Any:
         path = (f"/dags/{dag_id}/dagRuns/{quote(run_id, safe='')}/taskInstances/{task_id}/"

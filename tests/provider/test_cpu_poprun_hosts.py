@@ -18,15 +18,14 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 from airflow.sdk.exceptions import AirflowException
 
 from ringflow_provider.operators.poprun import PopRunOperator
 from tests.provider.conftest import REPO, wait_until
+from tests.provider.contexts import TaskInstanceStub
 from tests.provider.test_poprun_operator import RecordingLog
 
 pytestmark = [pytest.mark.ssh, pytest.mark.multiproc, pytest.mark.slow]
@@ -70,8 +69,7 @@ def make(hosts: list[str], *script_args: str) -> PopRunOperator:
 
 
 def ctx() -> dict:
-    return {"ti": SimpleNamespace(dag_id="cpu_poprun", task_id="poprun",
-                                  run_id=f"run-{uuid.uuid4().hex[:8]}", try_number=1)}
+    return {"ti": TaskInstanceStub("cpu_poprun", "poprun")}
 
 
 def lines(op) -> list[str]:

@@ -11,7 +11,7 @@ import pytest
 
 from ringflow.errors import LaunchError
 from ringflow_provider.hooks.multi_ssh import MultiHostSSHHook
-from ringflow_provider.remote_job import find_executable_command
+from ringflow_provider.launchers.commands import find_executable_command
 from tests.provider.conftest import (
     BAD_KEY_CONN_ID,
     NETNS_CONN_ID,
@@ -172,23 +172,19 @@ def test_a_launch_host_that_vanishes_fails_the_stream_within_the_keepalive_bound
     data unacknowledged and TCP_USER_TIMEOUT ends the connection, so the job's stream fails
     naming the host within keepalive_s + dead_after_s (here 1 + 3 s; by default 10 + 30 s),
     not after TCP's 15 minutes of retransmissions."""
-    from ringflow_provider.jobs.ssh import SSHJob
-    from ringflow_provider.remote_job import JobId
-
     hook = MultiHostSSHHook(NETNS_CONN_ID, conn_timeout=5, keepalive_s=1, dead_after_s=3)
     lines: list = []
-    job = SSHJob(hook, netns_host.address, JobId("d", "t", "vanish", 1),
-                 ["sh", "-c", "echo started; sleep 300"], collect(lines))
+    channel = hook.start_command(netns_host.address, "sh -c 'echo started; sleep 300'",
+                                 keep_stdin=True)
     outcome: dict = {}
 
     def stream():
         try:
-            outcome["code"] = job.wait()
+            outcome["code"] = hook.pump(netns_host.address, channel, collect(lines)).exit_code
         except LaunchError as exc:
             outcome["error"] = exc
         outcome["at"] = time.monotonic()
 
-    job.start()
     waiter = threading.Thread(target=stream, daemon=True)
     waiter.start()
     try:

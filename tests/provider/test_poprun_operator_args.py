@@ -20,8 +20,11 @@ def test_operator_defaults_are_the_documented_ones():
     assert (op.print_topology, op.numa_aware, op.poprun, op.training_script_args) == (
         True, True, "poprun", [])
     assert (op.hook.conn_timeout, op.hook.cmd_timeout) == (10, None)
-    assert set(PopRunOperator.template_fields) == {*FIELD_NAMES, "ssh_conn_id", "launch_host",
-                                                   "dry_run", "ringflow_job"}
+    assert (op.deferrable, op.poll_interval, op.lease_timeout, op.on_existing) == (
+        False, 10.0, 1800.0, "reattach")
+    assert set(PopRunOperator.template_fields) == {
+        *FIELD_NAMES, "ssh_conn_id", "launch_host", "dry_run", "ringflow_job", "deferrable",
+        "poll_interval", "lease_timeout", "on_existing"}
 
 
 def test_operator_argument_defaults_equal_the_model_defaults():

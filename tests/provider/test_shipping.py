@@ -151,16 +151,23 @@ def test_a_cache_folder_without_its_marker_is_replaced(hooks, ns_hosts):
     assert os.listdir(cache(host)) == [BUNDLE.name]
 
 
-def test_a_host_whose_sshd_offers_no_sftp_fails_the_ship_naming_it(ssh_conn):
-    """The suite's 127.0.0.1 sshd has no sftp subsystem configured."""
-    hook = MultiHostSSHHook(ssh_conn, conn_timeout=5)
+def test_a_host_whose_sshd_offers_no_sftp_fails_the_ship_naming_it(netns_host):
+    """The host's sshd has no sftp subsystem configured."""
+    config = netns_host.root / "etc" / "sshd_config"
+    config.write_text("".join(line for line in config.read_text().splitlines(keepends=True)
+                              if not line.startswith("Subsystem")))
+    netns_host.sh("kill -HUP $(cat /etc/ssh/sshd.pid)")  # sshd re-reads its config
+    time.sleep(0.5)
+    hook = MultiHostSSHHook(NETNS_CONN_ID, conn_timeout=5)
     try:
+        wait_until(lambda: hook.run(netns_host.address, "true", timeout=5)[0] == 0, 10,
+                   "sshd to answer again")
         with pytest.raises(LaunchError) as info:
-            ship_runtime(hook, ["127.0.0.1"], BUNDLE)
+            ship_runtime(hook, [netns_host.address], BUNDLE)
     finally:
         hook.close()
-    assert str(info.value).startswith("shipping the runtime failed: host '127.0.0.1': "
-                                      "cannot open SFTP: SSHException")
+    assert str(info.value).startswith(f"shipping the runtime failed: host "
+                                      f"{netns_host.address!r}: cannot open SFTP: SSHException")
 
 
 def test_an_sftp_server_that_never_answers_fails_within_the_timeout(netns_host):

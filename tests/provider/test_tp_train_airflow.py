@@ -12,6 +12,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import textwrap
 import uuid
@@ -98,7 +99,8 @@ def test_the_example_dag_has_typed_params_in_sections_and_declares_its_asset():
     assert set(dag.params.keys()) == {
         "model", "steps", "global_batch_size", "tensor_parallel_degree", "nproc_per_host",
         "learning_rate", "optimizer_type", "seed", "log_every", "amp", "recompute",
-        "hosts", "launcher", "ssh_conn_id", "python"}
+        "hosts", "launcher", "ssh_conn_id", "python", "deferrable", "poll_interval",
+        "on_existing"}
     for name in dag.params:
         schema = dag.params.get_param(name).schema
         assert schema.get("type") and schema.get("section"), name
@@ -117,6 +119,9 @@ def test_the_example_dag_has_typed_params_in_sections_and_declares_its_asset():
     assert (task.hosts, task.launcher) == ("{{ params.hosts or '' }}", "{{ params.launcher }}")
     for value, rendered in ((None, ""), ("trainer-a,trainer-b", "trainer-a,trainer-b")):
         assert task.render_template(task.hosts, {"params": {"hosts": value}}) == rendered
+    # how the job is watched: attached by default, deferrable on request
+    assert (dag.params["deferrable"], dag.params["on_existing"]) == (False, "reattach")
+    assert task.deferrable == "{{ params.deferrable }}"
     downstream = bag.dags["ringflow_tp_train_evaluate"]
     assert list(downstream.timetable.asset_condition.objects) == task.outlets
 
@@ -210,8 +215,9 @@ def test_a_rank_that_raises_fails_the_task_naming_the_rank(airflow_home, mark, t
     run_id, run_state = newest_run(dag_id)
     state, tries, summary, events = task_result(dag_id, run_id)
     assert (run_state, state, tries, summary, events) == ("failed", "failed", 1, None, [])
-    assert ("training failed: rank 1 on 127.0.0.1 (pid " in log and "failed first with exit "
-            "code 1: RuntimeError: rank 1 fails on purpose" in log), log[-4000:]
+    where = f"training failed: rank 1 on host {socket.gethostname()} (pid "
+    assert (where in log and "failed first with exit code 1: RuntimeError: rank 1 fails on "
+            "purpose" in log), log[-4000:]
     assert "rank 1 fails on purpose while building the model" in log   # the log's tail
 
 

@@ -19,7 +19,6 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -28,6 +27,7 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from ringflow.train.metrics import parse_train_line
 from ringflow_provider.operators.tp_train import TPTrainOperator
 from tests.provider.conftest import REPO, wait_until
+from tests.provider.contexts import TaskInstanceStub
 from tests.provider.test_poprun_operator import RecordingLog
 
 pytestmark = [pytest.mark.ssh, pytest.mark.multiproc, pytest.mark.slow]
@@ -46,9 +46,8 @@ def two_hosts(ns_hosts, ns_conns):
         assert host.shm_entries() == []
 
 
-def ctx(run_id: str, try_number: int = 1) -> dict:
-    return {"ti": SimpleNamespace(dag_id="tp_hosts", task_id="train", run_id=run_id,
-                                  try_number=try_number)}
+def ctx(run_id: str, try_number: int = 1, max_tries: int = 0) -> dict:
+    return {"ti": TaskInstanceStub("tp_hosts", "train", run_id, try_number, max_tries)}
 
 
 def make(two_hosts, **overrides):
@@ -98,8 +97,7 @@ def test_two_hosts_train_like_one_process(two_hosts, tmp_path, launcher):
             f"{rank // 2} " in text
     assert f"[{hosts[0]}/launch] " in text and f"launcher on {hosts[1]}: all 2 ranks" in text
     if launcher == "mpirun":  # one mpirun on the first host started both agents
-        assert f"launcher mpirun: /usr/bin/mpirun on {hosts[0]} starts one agent per host" \
-            in text
+        assert f"mpirun on {hosts[0]}: /usr/bin/mpirun" in text
         assert f"one launcher agent on each of 2 host(s) ({','.join(hosts)}), started by " \
                "Open MPI's mpirun" in text
     assert summary["checkpoint"].startswith("/root/.ringflow/checkpoints/tp_hosts/")
@@ -173,8 +171,8 @@ def test_sigkill_of_the_task_process_stops_every_agent(two_hosts, ns_hosts, tmp_
     hosts, conns = two_hosts
     script = tmp_path / "task.py"
     script.write_text(textwrap.dedent(f"""
-        from types import SimpleNamespace
         from ringflow_provider.operators.tp_train import TPTrainOperator
+        from tests.provider.contexts import TaskInstanceStub
 
         class Echo:
             def _say(self, msg, *args, **kwargs):
@@ -187,8 +185,7 @@ def test_sigkill_of_the_task_process_stops_every_agent(two_hosts, ns_hosts, tmp_
                              tensor_parallel_degree=2, checkpoint_dir=None,
                              launcher={launcher!r})
         op._cached_logger = Echo()
-        op.execute({{"ti": SimpleNamespace(dag_id="d", task_id="train", run_id="r-sigkill",
-                                          try_number=1)}})
+        op.execute({{"ti": TaskInstanceStub("d", "train", "r-sigkill", 1)}})
         """))
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, cwd=REPO,
@@ -210,7 +207,8 @@ def test_sigkill_of_the_task_process_stops_every_agent(two_hosts, ns_hosts, tmp_
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
-    # the agents' stdin (the SSH channel) ends with the task process: they stop their ranks
+    # no later try could attach (no retries): the follows' channels end with the task
+    # process, and their supervisors stop the job
     for i in range(2):
         wait_until(lambda i=i: not ns_hosts[i].leftovers(), 15,
                    f"{hosts[i]}: the agent and its ranks to stop after the SIGKILL")

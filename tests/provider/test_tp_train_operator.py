@@ -310,3 +310,105 @@ def test_a_nan_loss_fails_without_retry_naming_the_step(make):
     message = str(err.value)
     assert "the loss is nan" in message or "the loss is inf" in message
     assert "at step" in message and "not retried" in message
+
+
+TASK_PROCESS = """
+from ringflow_provider.operators.tp_train import TPTrainOperator
+from tests.provider.contexts import TaskInstanceStub
+
+class Echo:
+    def _say(self, msg, *args, **kwargs):
+        print(msg % args if args else msg, flush=True)
+
+    debug = info = warning = error = exception = _say
+
+op = TPTrainOperator(**{args!r})
+op._cached_logger = Echo()
+op.execute({{"ti": TaskInstanceStub("tp_test", "train", {run_id!r}, 1, max_tries=1)}})
+"""
+
+
+def killed_task_process(tmp_path, run_id: str, until: str, **args) -> None:
+    """Try 1 of a task that may be retried, in a task process of its own, SIGKILLed once its
+    log shows a line starting with `until` (a worker dying mid-job)."""
+    script = tmp_path / f"task-{uuid.uuid4().hex[:6]}.py"
+    script.write_text(TASK_PROCESS.format(args={"task_id": "train", **args}, run_id=run_id))
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, cwd=REPO,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    seen = []
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            seen.append(line)
+            if line.startswith(until) or not line:
+                break
+        assert seen[-1].startswith(until), "".join(seen[-30:])
+    finally:
+        proc.kill()
+        proc.wait(10)
+        proc.stdout.close()
+
+
+def job_args(tmp_path, mark: str, **overrides) -> dict:
+    args = dict(model="mlp", model_args={"input_size": 8, "hidden_size": 256,
+                                         "num_classes": 4},
+                global_batch_size=256, steps=150, log_every=1, tensor_parallel_degree=2,
+                nproc_per_host=2, checkpoint_dir=str(tmp_path / "ckpt"), checkpoint_every=5,
+                log_dir=str(tmp_path / "logs"),
+                extra_env={"TP_TEST_MARK": mark, "PYTHONPATH": str(REPO)})
+    return {**args, **overrides}
+
+
+def test_a_retry_attaches_to_the_job_its_killed_task_process_left_as_one_run(make, tmp_path):
+    run_id = f"run-{uuid.uuid4().hex[:8]}"
+    mark = uuid.uuid4().hex
+    killed_task_process(tmp_path, run_id, "step 5/", **job_args(tmp_path, mark))
+    time.sleep(1.0)
+    assert marked(mark), "the job did not outlive the task process of try 1"
+    retry = make(**job_args(tmp_path, mark, log_dir=str(tmp_path / "logs2")))
+    retry.mark = mark
+    summary = retry.execute(ctx(try_number=2, run_id=run_id, max_tries=1))
+    attach = [m for _, m in retry.log.records if m.startswith("try 2: attaching")]
+    assert len(attach) == 1 and re.fullmatch(
+        r"try 2: attaching to the running job of try 1 at step \d+/150", attach[0]), attach
+    assert [s for s, _ in summary["loss_history"]] == list(range(1, 151))  # one run
+    assert summary["resumed_from"] is None and summary["steps"] == 150
+    progress = [m for m in log_text(retry).splitlines() if m.startswith("step ")]
+    assert progress and int(progress[0].split()[1].split("/")[0]) > 5  # new lines only
+
+
+def test_a_restarting_retry_stops_with_its_task_and_resumes_from_a_checkpoint(make, tmp_path):
+    run_id = f"run-{uuid.uuid4().hex[:8]}"
+    mark = uuid.uuid4().hex
+    killed_task_process(tmp_path, run_id, "step 12/",
+                        **job_args(tmp_path, mark, on_existing="restart"))
+    wait_until(lambda: not marked(mark), 15, "the job to stop with its task process")
+    assert shm_left() == []
+    retry = make(**job_args(tmp_path, mark, on_existing="restart",
+                            log_dir=str(tmp_path / "logs2")))
+    retry.mark = mark
+    summary = retry.execute(ctx(try_number=2, run_id=run_id, max_tries=1))
+    resumed = summary["resumed_from"]
+    assert resumed is not None and resumed >= 10 and resumed % 5 == 0
+    assert f"try 2: resuming from step {resumed}" in log_text(retry)
+    assert summary["loss_history"][0][0] == resumed + 1
+
+
+def test_a_job_nobody_watches_stops_itself_when_its_lease_runs_out(tmp_path):
+    run_id = f"run-{uuid.uuid4().hex[:8]}"
+    mark = uuid.uuid4().hex
+    killed_task_process(tmp_path, run_id, "step 3/",
+                        **job_args(tmp_path, mark, steps=100000, lease_timeout=4))
+    killed = time.monotonic()
+    assert marked(mark), "the job did not outlive the task process"
+    wait_until(lambda: not marked(mark), 30, "the job to stop when its lease ran out")
+    stopped_after = time.monotonic() - killed
+    assert stopped_after >= 2.5   # it outlived its watcher until the lease ran out
+    (status,) = [json.loads(p.read_text()) for p in
+                 Path(os.environ["RINGFLOW_HOME"], "jobs").glob("*/try-1/status.json")
+                 if json.loads((p.parent / "handle.json").read_text())["task"]["run_id"]
+                 == run_id]
+    assert status["stopped_by"] == "lease" and "not renewed for 4 s" in status["cause"]
+    assert shm_left() == []

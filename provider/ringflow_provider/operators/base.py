@@ -8,7 +8,8 @@ from collections.abc import Callable
 from typing import Any, ClassVar
 
 from airflow.sdk import BaseOperator, conf
-from airflow.sdk.exceptions import AirflowException
+from airflow.sdk.exceptions import AirflowException, AirflowFailException, TaskDeferred
+from pydantic import TypeAdapter
 
 from ringflow.errors import LaunchError
 from ringflow_provider.jobs.masking import Secrets
@@ -42,30 +43,38 @@ class RingflowJobOperator(BaseOperator):
     #: how the triggerer reads the job's lines (`triggers.job.presenter`)
     presenter: ClassVar[str] = "plain"
 
-    def __init__(self, *, deferrable: bool = conf.getboolean("operators", "default_deferrable",
-                                                             fallback=False),
-                 poll_interval: float = DEFAULT_POLL_S,
-                 lease_timeout: float | None = DEFAULT_LEASE_S,
+    #: templated like the rest: a DAG's params may choose them
+    job_fields: ClassVar[tuple[str, ...]] = ("deferrable", "poll_interval", "lease_timeout",
+                                             "on_existing")
+
+    def __init__(self, *, deferrable: bool | str = conf.getboolean(
+                     "operators", "default_deferrable", fallback=False),
+                 poll_interval: float | str = DEFAULT_POLL_S,
+                 lease_timeout: float | str | None = DEFAULT_LEASE_S,
                  on_existing: str = "reattach", **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        if on_existing not in ON_EXISTING:
-            raise ValueError(f"on_existing must be one of {', '.join(ON_EXISTING)}, got "
-                             f"{on_existing!r}")
-        if not poll_interval > 0:
-            raise ValueError(f"poll_interval must be > 0 seconds, got {poll_interval!r}")
-        if lease_timeout is not None and not lease_timeout > 0:
-            raise ValueError(f"lease_timeout must be > 0 seconds or None, got "
-                             f"{lease_timeout!r}")
         self.deferrable = deferrable
         self.poll_interval = poll_interval
         self.lease_timeout = lease_timeout
         self.on_existing = on_existing
+        if not any(_templated(getattr(self, name)) for name in self.job_fields):
+            self._job_options()  # a bad literal fails when the DAG is parsed
         # Plain attributes, not threading objects: Airflow deep-copies operators.
         self._killed = False
         self._handle: JobHandle | None = None
         self._launcher: Launcher | None = None
         self._secrets = Secrets()
         self._next_try_attaches = False  # a later try would attach to this try's job
+
+    def _job_options(self) -> None:
+        """The rendered watch arguments, checked and typed (ValueError naming the bad one)."""
+        self.deferrable = _flag("deferrable", self.deferrable)
+        self.poll_interval = _seconds("poll_interval", self.poll_interval)
+        self.lease_timeout = _seconds("lease_timeout", self.lease_timeout, none_ok=True)
+        self.on_existing = str(self.on_existing).strip()
+        if self.on_existing not in ON_EXISTING:
+            raise ValueError(f"on_existing must be one of {', '.join(ON_EXISTING)}, got "
+                             f"{self.on_existing!r}")
 
     # -- what a subclass says --------------------------------------------------------------
     def new_report(self) -> Any:
@@ -91,6 +100,10 @@ class RingflowJobOperator(BaseOperator):
         else `start()` one; then defer to the triggerer or watch it here, and report."""
         ti = context["ti"]
         task = TaskKey.from_ti(ti)
+        try:
+            self._job_options()
+        except ValueError as exc:
+            raise AirflowFailException(f"task {self.task_id!r}: {exc}") from None
         self._launcher = launcher
         if self.deferrable and launcher.name == "local":
             self._check_triggerer_can_see(launcher)
@@ -104,16 +117,25 @@ class RingflowJobOperator(BaseOperator):
             self._raise_if_killed()
             handle = start()
         self._handle = handle
-        ti.xcom_push(key=XCOM_JOB, value=handle.to_dict())
-        self._raise_if_killed()
-        if self.deferrable:
-            self.log.info("deferring: the triggerer watches job %s%s every %g s (lease %s)",
-                          handle.job_id, where, self.poll_interval,
-                          "none" if self.lease_timeout is None else f"{self.lease_timeout:g} s")
-            self.defer(trigger=self._trigger(handle, offsets), method_name="execute_complete")
         tie = self.on_existing == "restart" or not _retries_left(ti)
-        self._next_try_attaches = not tie
-        finals = self._attach(launcher, handle, report, offsets, tie)
+        try:
+            ti.xcom_push(key=XCOM_JOB, value=handle.to_dict())
+            self._raise_if_killed()
+            if self.deferrable:
+                self.log.info("deferring: the triggerer watches job %s%s every %g s (lease "
+                              "%s)", handle.job_id, where, self.poll_interval,
+                              "none" if self.lease_timeout is None
+                              else f"{self.lease_timeout:g} s")
+                self.defer(trigger=self._trigger(handle, offsets),
+                           method_name="execute_complete")
+            self._next_try_attaches = not tie
+            finals = self._attach(launcher, handle, report, offsets, tie)
+        except TaskDeferred:
+            raise
+        except BaseException:
+            if not self._next_try_attaches and not self._killed:
+                launcher.stop(handle, "the task failed while it watched the job")
+            raise
         self._raise_if_killed()
         return self.finish(context, handle, report, finals)
 
@@ -221,6 +243,35 @@ class RingflowJobOperator(BaseOperator):
             f"cannot watch from another machine (executor {', '.join(executors)}): give "
             f"hosts=[...] (this worker's name too) with an ssh connection so the triggerer "
             f"watches the job over SSH, or use deferrable=False")
+
+
+_BOOL = TypeAdapter(bool)
+
+
+def _templated(value: Any) -> bool:
+    return isinstance(value, str) and ("{{" in value or "{%" in value)
+
+
+def _flag(name: str, value: Any) -> bool:
+    try:
+        return _BOOL.validate_python(value.strip() if isinstance(value, str) else value)
+    except ValueError:
+        raise ValueError(f"{name}: expected true or false, got {value!r}") from None
+
+
+def _seconds(name: str, value: Any, none_ok: bool = False) -> float | None:
+    if none_ok and (value is None or (isinstance(value, str) and value.strip().lower() in
+                                      ("", "none", "null", "never"))):
+        return None
+    try:
+        seconds = float(str(value).strip())
+    except ValueError:
+        seconds = float("nan")
+    if not 0 < seconds < float("inf"):
+        allowed = " or None" if none_ok else ""
+        raise ValueError(f"{name} must be a positive number of seconds{allowed}, got "
+                         f"{value!r}")
+    return seconds
 
 
 def _retries_left(ti: Any) -> bool:

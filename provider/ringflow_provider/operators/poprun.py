@@ -134,7 +134,8 @@ class PopRunOperator(RingflowJobOperator):
     there: it needs python3 >= 3.10; numpy only with ``ringflow-poprun``).
     """
 
-    template_fields = (*FIELD_NAMES, "ssh_conn_id", "launch_host", "dry_run", "ringflow_job")
+    template_fields = (*FIELD_NAMES, "ssh_conn_id", "launch_host", "dry_run", "ringflow_job",
+                       *RingflowJobOperator.job_fields)
     template_fields_renderers: ClassVar[dict[str, str]] = {
         "training_script_args": "json",
         "extra_env": "json",

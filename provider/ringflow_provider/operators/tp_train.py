@@ -147,7 +147,8 @@ class TPTrainOperator(RingflowJobOperator):
     """
 
     template_fields = (*SPEC_FIELDS, "nproc_per_host", "log_dir", "extra_env", "secret_env",
-                       "hosts", "ssh_conn_id", "python", "launcher", "base_port")
+                       "hosts", "ssh_conn_id", "python", "launcher", "base_port",
+                       *RingflowJobOperator.job_fields)
     template_fields_renderers: ClassVar[dict[str, str]] = {
         "model_args": "json", "optimizer": "json", "lr_schedule": "json", "extra_env": "json",
         "secret_env": "json"}
