@@ -71,8 +71,10 @@ class BoundedLines:
     def _emit_overflow(self) -> None:
         while len(self._pending) > self._max:
             cut = _utf8_cut(self._pending, self._max)
-            self._emit_raw(bytes(self._pending[:cut]))
+            with memoryview(self._pending) as view:  # one copy of the piece, not two
+                piece = bytes(view[:cut])
             del self._pending[:cut]
+            self._emit_raw(piece)
 
     def _emit_pending(self) -> None:
         self._emit_overflow()

@@ -5,7 +5,9 @@ The owner holds the write end of the watchdog's stdin and sends one order per li
 `pg <pgid>` (a worker's process group: its children too, which setsid cut off from the
 owner and PR_SET_PDEATHSIG does not reach), `env <NAME>=<VALUE>` (a job marker: every
 process of this user whose environment holds it is the job's, whoever its parent is now,
-as with mpirun's children on this host), `done` (the owner cleaned up: touch nothing).
+as with mpirun's children on this host), `spare <pid> ...` (the owner and the processes
+above it: the watchdog may start only after the owner died, when its own parent chain no
+longer leads there), `done` (the owner cleaned up: touch nothing).
 EOF without `done` means the owner died (even by SIGKILL, since the kernel closes its
 pipe): the watchdog stops the groups and the marked processes, never one that was above it,
 and removes the job's shm segments. A marker's value may be the job token: it comes on
@@ -58,8 +60,9 @@ class WatchdogClient:
             )
         except OSError as exc:
             raise LaunchError(f"cannot start the job watchdog: {exc}") from exc
-        if marker is not None:
-            self._send(f"env {marker[0]}={marker[1]}\n")
+        if marker is not None:  # a shell above us that exported the marker is not the job
+            self._send(f"spare {' '.join(map(str, sorted(ancestors())))}\n"
+                       f"env {marker[0]}={marker[1]}\n")
 
     def watch_group(self, pgid: int) -> None:
         self._send(f"pg {pgid}\n")
@@ -91,6 +94,7 @@ class Orders:
     groups: list[int] = field(default_factory=list)
     markers: list[tuple[str, str]] = field(default_factory=list)
     released: bool = False
+    spared: set[int] = field(default_factory=set)
 
 
 def read_until_done(stream: BinaryIO) -> Orders:
@@ -103,6 +107,8 @@ def read_until_done(stream: BinaryIO) -> Orders:
             return orders
         if len(words) == 2 and words[0] == b"pg" and words[1].isdigit():
             orders.groups.append(int(words[1]))
+        elif words[:1] == [b"spare"] and all(word.isdigit() for word in words[1:]):
+            orders.spared.update(int(word) for word in words[1:])
         elif raw.startswith(b"env "):
             name, eq, value = raw[4:].rstrip(b"\r\n").decode("utf-8", "replace").partition("=")
             if eq and _ENV_NAME.match(name):
@@ -157,11 +163,11 @@ def main(argv: list[str]) -> int:
     job_id, grace_s = argv[0], float(argv[1])
     for sig in (signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
-    spared = ancestors()  # now, while the owner (and whoever started it) is above us
+    spared = ancestors()  # now, while the owner (and whoever started it) may be above us
     orders = read_until_done(sys.stdin.buffer)
     if orders.released:
         return 0
-    marked, groups_left, left = stop_job(orders, grace_s, spared)
+    marked, groups_left, left = stop_job(orders, grace_s, spared | orders.spared)
     removed = sweep_job_segments(job_id)
     still = ([f"groups still alive: {sorted(groups_left)}"] if groups_left else []) + (
         [f"processes still alive: {left}"] if left else [])
