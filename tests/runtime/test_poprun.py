@@ -26,9 +26,9 @@ from pathlib import Path
 import pytest
 
 from ringflow.errors import ConfigError
-from ringflow.poprun import OutputJoiner, PopRunJob, mpirun_argv, parse_poprun_args
+from ringflow.launch.openmpi import EXIT_LINE, INSTANCE_SH, RANK_EXIT_LINE, OutputJoiner
+from ringflow.poprun import PopRunJob, mpirun_argv, parse_poprun_args
 from ringflow.poprun.args import HelpRequested
-from ringflow.poprun.mpirun import EXIT_LINE, INSTANCE_SH, RANK_EXIT_LINE
 from ringflow_provider.poprun import build_poprun_argv, parse_config
 
 REPO = Path(__file__).resolve().parents[2]

@@ -22,6 +22,7 @@ from pathlib import Path
 from ringflow.errors import LaunchError
 from ringflow.launch.config import LaunchConfig
 from ringflow.launch.env import JOB_ID_VAR, JobIdentity, plan_endpoints, worker_env
+from ringflow.launch.exits import failure_order, signal_name
 from ringflow.launch.logs import Console, LogPump, tail_lines
 from ringflow.launch.processes import (
     Prctl,
@@ -112,14 +113,6 @@ class ExitWaiter:
             self._by_fd.pop(fd, None)
         ended = [w for w in first if w.returncode is None and w.check_exit()]
         return ended + [w for w in self._workers if w.returncode is None and w.check_exit()]
-
-
-def failure_order(w: Worker) -> tuple[bool, float, int]:
-    """Root cause first: a rank that failed on its own (raised, or was killed: no report)
-    before one that failed after seeing a peer fail; then by when each began to exit (a
-    killed rank's time is when its exit was seen, which lags its death by the wake-up of
-    this launcher, while a peer that notices the death may report its own exit sooner)."""
-    return (w.after_peer_failure, w.began_exit_at or float("inf"), w.rank)
 
 
 @dataclass(frozen=True)
@@ -264,7 +257,9 @@ class Agent:
         """The failed rank that began to exit first. The first exit seen need not be it: a
         rank that raised closes its rings on its way out, and a peer that sees them close
         can end before it does. So wait a moment for more exits and for the reports, and for
-        the ranks that said they are exiting to end."""
+        the ranks that said they are exiting to end; then `failure_order` (a killed rank's
+        time is when its exit was seen, which lags its death by the wake-up of this
+        launcher, while a peer that notices the death may report its own exit sooner)."""
         start = time.monotonic()
         while True:
             running = [w for w in self.workers if w.returncode is None]
@@ -279,7 +274,8 @@ class Agent:
         for w in failed:  # its report, if any, is in the pipe before its exit
             if w.pump is not None:
                 w.pump.join(timeout=max(0.0, reports_by - time.monotonic()))
-        return min(failed, key=failure_order)
+        return min(failed, key=lambda w: failure_order(w.after_peer_failure,
+                                                         w.began_exit_at, w.rank))
 
     def _failure_cause(self, w: Worker) -> Cause:
         code, how = describe_returncode(w.returncode)
@@ -407,10 +403,7 @@ def _rank_result(w: Worker) -> RankResult:
     if w.returncode is not None:
         code, _ = describe_returncode(w.returncode)
         if w.returncode < 0:
-            try:
-                sig = signal.Signals(-w.returncode).name
-            except ValueError:
-                sig = f"signal {-w.returncode}"
+            sig = signal_name(-w.returncode)
     return RankResult(rank=w.rank, local_rank=w.local_rank, pid=w.proc.pid,
                       returncode=w.returncode, exit_code=code, signal=sig,
                       ended_at=w.began_exit_at, after_peer_failure=w.after_peer_failure,

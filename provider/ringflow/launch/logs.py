@@ -12,9 +12,10 @@ from collections import deque
 from pathlib import Path
 from typing import BinaryIO
 
-# A line longer than this is forwarded to the console in pieces (the log file keeps it whole),
-# so a worker printing without newlines cannot make the launcher buffer without bound.
-MAX_LINE_BYTES = 1 << 20
+# A line longer than MAX_LINE_BYTES is forwarded to the console in pieces (the log file keeps
+# it whole), so a worker printing without newlines cannot make the launcher buffer without
+# bound.
+from ringflow.launch.lines import MAX_LINE_BYTES
 
 
 class Console:

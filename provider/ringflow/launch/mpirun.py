@@ -7,7 +7,7 @@ node, MPI rank = host index), each agent starts its host's ranks with the PADDLE
 as always. With ``--stdin`` the first stdin line holds the secret variables (the job token,
 secret_env: ``ringflow.launch.stdin``), which mpirun exports to every agent as bare ``-x
 NAME``, and the end of stdin stops the job (its starter is gone). The job itself is
-`ringflow.poprun`'s `PopRunJob`: output in whole lines tagged ``[1,<host index>]<stdout>:``,
+`ringflow.launch.mpirun_job`'s: output in whole lines tagged ``[1,<host index>]<stdout>:``,
 the first failing agent named, SIGTERM forwarded, leftovers stopped on this host.
 """
 
@@ -20,22 +20,38 @@ import sys
 
 from ringflow.errors import ConfigError
 from ringflow.launch.config import _parse_hosts
+from ringflow.launch.mpirun_job import MpirunJob
+from ringflow.launch.openmpi import REPORT_EXIT_VAR, AppContext, MpirunPlan
 from ringflow.launch.stdin import STDIN_FD, StdinWatch, read_secrets
-from ringflow.poprun.args import PopRunArgs
-from ringflow.poprun.runner import PopRunJob
 
 __all__ = ["AgentsJob", "main"]
 
 PROG = "python -m ringflow.launch.mpirun"
 
 
-class AgentsJob(PopRunJob):
+class AgentsJob(MpirunJob):
     prefix = "[launch] mpirun:"
 
-    def intro(self, job_id: str) -> str:
-        hosts = ",".join(self.args.hosts)
-        return (f"job {job_id}: one launcher agent on each of {len(self.args.hosts)} host(s) "
-                f"({hosts}), started by Open MPI's mpirun")
+    def intro_lines(self, job_id: str) -> list[str]:
+        hosts = self.plan.hosts
+        return [f"job {job_id}: one launcher agent on each of {len(hosts)} host(s) "
+                f"({','.join(hosts)}), started by Open MPI's mpirun"]
+
+
+def agents_plan(hosts: list[str], agent: list[str], exports: list[str],
+                mpi_args: str) -> MpirunPlan:
+    """One agent per host (MPI rank = host index), each exported the variables `exports`
+    names (bare `-x NAME`: values never on a command line)."""
+    options = [part for name in dict.fromkeys(exports) for part in ("-x", name)]
+    # The agents' workers must not print exit-time lines (the agents tag their lines).
+    options += ["-x", f"{REPORT_EXIT_VAR}=0"]
+    contexts = tuple(AppContext(host=host, argv=tuple(agent), options=tuple(options))
+                     for host in hosts)
+    try:
+        global_args = tuple(shlex.split(mpi_args))
+    except ValueError as exc:
+        raise ConfigError(f"--mpi-args: cannot split {mpi_args!r} into options ({exc})") from None
+    return MpirunPlan(contexts, global_args)
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -71,18 +87,13 @@ def main(argv: list[str] | None = None) -> int:
         missing = [n for n in names if n not in environ]
         if missing:
             raise ConfigError(f"--export names variables that are not set: {missing}")
-        exports = [part for name in dict.fromkeys(names) for part in ("-x", name)]
-        # The agents' workers must not print exit-time lines (the agents tag their lines).
-        exports += ["-x", "RINGFLOW_REPORT_EXIT_TIME=0"]
-        args = PopRunArgs(program=ns.agent, num_instances=len(hosts), hosts=hosts,
-                          mpi_global_args=tuple(shlex.split(ns.mpi_args)),
-                          mpi_local_args=tuple(exports))
+        plan = agents_plan(list(hosts), ns.agent, names, ns.mpi_args)
     except ConfigError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
     lifeline = StdinWatch(STDIN_FD) if ns.stdin else None
     try:
-        return AgentsJob(args, environ, mpirun=ns.mpirun, lifeline=lifeline).run()
+        return AgentsJob(plan, environ, mpirun=ns.mpirun, lifeline=lifeline).run()
     except ConfigError as exc:
         print(f"[launch] mpirun: error: {exc}", flush=True)
         return 2

@@ -11,6 +11,8 @@ import signal
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from ringflow.launch.exits import describe_exit, shell_exit_code
+
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 PROC = Path("/proc")
@@ -146,12 +148,6 @@ def reap_orphans(exclude: Iterable[int]) -> None:
 
 
 def describe_returncode(returncode: int) -> tuple[int, str]:
-    """(shell-style exit code, human text): a signal death -N becomes 128+N."""
-    if returncode < 0:
-        sig = -returncode
-        try:
-            name = signal.Signals(sig).name
-        except ValueError:
-            name = f"signal {sig}"
-        return 128 + sig, f"killed by {name} (exit code {128 + sig})"
-    return returncode, f"exit code {returncode}"
+    """(shell-style exit code, human text): a signal death -N becomes 128+N
+    (`ringflow.launch.exits` words it)."""
+    return shell_exit_code(returncode), describe_exit(returncode)

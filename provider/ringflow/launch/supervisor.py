@@ -300,7 +300,7 @@ def program_name(command: list[str]) -> str:
 
 def marked_processes(marker: str) -> list[int]:
     """Live processes of this user (but this one) carrying the job's marker."""
-    from ringflow.poprun.leftovers import processes_with_env
+    from ringflow.launch.leftovers import processes_with_env
 
     return processes_with_env(MARKER_VAR, marker, exclude={os.getpid()})
 

@@ -1,15 +1,15 @@
 """A CPU `poprun` (`ringflow-poprun`, `python -m ringflow.poprun`): Graphcore poprun's
 command line, run on CPU hosts with Open MPI's mpirun as poprun itself does, so a PopRun
-DAG's job runs without IPUs. See `args` (the flags), `mpirun` (the command and the output),
-`runner` (the job).
+DAG's job runs without IPUs. See `args` (the flags), `mpirun` (the plan of mpirun app
+contexts they become), `runner` (the job, run by `ringflow.launch.mpirun_job`).
 """
 
 from ringflow.poprun.args import IPU_ONLY, HelpRequested, PopRunArgs, parse_poprun_args, usage
-from ringflow.poprun.mpirun import OutputJoiner, instance_env, mpirun_argv
+from ringflow.poprun.mpirun import instance_env, mpirun_argv, poprun_plan
 from ringflow.poprun.runner import PopRunJob, topology_lines
 
-__all__ = ["IPU_ONLY", "OutputJoiner", "PopRunArgs", "PopRunJob", "instance_env", "main",
-           "mpirun_argv", "parse_poprun_args", "topology_lines"]
+__all__ = ["IPU_ONLY", "PopRunArgs", "PopRunJob", "instance_env", "main", "mpirun_argv",
+           "parse_poprun_args", "poprun_plan", "topology_lines"]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,7 +9,7 @@ import shlex
 from collections.abc import Mapping, Sequence
 
 from ringflow.errors import LaunchError
-from ringflow.poprun.leftovers import stop_task_command
+from ringflow.launch.leftovers import stop_task_command
 from ringflow_provider.launchers import commands
 from ringflow_provider.launchers.base import TASK_VAR
 from ringflow_provider.launchers.job import TaskKey

@@ -13,7 +13,7 @@ import pytest
 from ringflow.errors import ConfigError
 from ringflow.launch.config import LaunchConfig, parse_launch_args
 from ringflow.launch.env import plan_endpoints, resolve_identity, worker_env
-from ringflow.launch.watchdog import read_until_done
+from ringflow.launch.watchdog import Orders, read_until_done
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -195,6 +195,7 @@ def test_console_script_has_a_launch_subcommand_with_the_same_options(launcher, 
 
 
 def test_watchdog_protocol_collects_groups_until_done_or_eof():
-    assert read_until_done(io.BytesIO(b"pg 12\npg 13\ndone\npg 14\n")) == ([12, 13], True)
-    assert read_until_done(io.BytesIO(b"pg 12\nnoise\npg x\n")) == ([12], False)
-    assert read_until_done(io.BytesIO(b"")) == ([], False)
+    assert read_until_done(io.BytesIO(b"pg 12\npg 13\ndone\npg 14\n")) == Orders([12, 13],
+                                                                                  [], True)
+    assert read_until_done(io.BytesIO(b"pg 12\nnoise\npg x\n")) == Orders([12], [], False)
+    assert read_until_done(io.BytesIO(b"")) == Orders([], [], False)

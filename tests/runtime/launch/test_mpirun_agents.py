@@ -52,12 +52,17 @@ def env(**extra: str) -> dict[str, str]:
 
 
 def test_every_agent_gets_the_secrets_the_exports_and_its_rank():
-    done = subprocess.run([*WRAPPER, "--hosts", "localhost", "--stdin", "--export", "EXTRA",
-                           "--", sys.executable, "-c", _SHOW],
-                          input=encode_secrets({"RINGFLOW_JOB_TOKEN": TOKEN}).decode(),
-                          capture_output=True, text=True, timeout=60,
-                          env=env(EXTRA="e1", RINGFLOW_JOB_ID="agents_test"))
-    assert done.returncode == 0, done.stderr
+    # stdin stays open until the job has ended by itself: its end would stop the job (129)
+    job = subprocess.Popen([*WRAPPER, "--hosts", "localhost", "--stdin", "--export", "EXTRA",
+                            "--", sys.executable, "-c", _SHOW], stdin=subprocess.PIPE,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           env=env(EXTRA="e1", RINGFLOW_JOB_ID="agents_test"))
+    job.stdin.write(encode_secrets({"RINGFLOW_JOB_TOKEN": TOKEN}).decode())
+    job.stdin.flush()
+    done = subprocess.CompletedProcess(job.args, 0, job.stdout.read(), job.stderr.read())
+    job.stdin.close()
+    done.returncode = job.wait(30)
+    assert done.returncode == 0, done.stdout + done.stderr
     seen = [json.loads(line.partition("<stdout>:")[2]) for line in done.stdout.splitlines()
             if line.startswith("[1,0]<stdout>:{")]
     assert seen == [{"rank": "0", "token": True, "extra": "e1", "on_cmdline": False}]

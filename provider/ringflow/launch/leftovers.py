@@ -1,13 +1,12 @@
-"""Finding and stopping this host's processes of a PopRun job that outlived mpirun.
+"""Finding and stopping this host's processes of a job by a marker in their environment
+(the job token, a task's marker), whoever their parent is now; and the command that does it
+on another host.
 
-mpirun gives each instance on its own host a process group of its own and leaves them
-running when it dies abruptly (SIGKILL; or SIGTERM while its output pipe is gone, which
-kills mpirun by SIGPIPE before it stops anyone). Every instance, and everything an instance
+mpirun gives each process it starts on its own host a process group of its own and leaves
+them running when it dies abruptly (SIGKILL; or SIGTERM while its output pipe is gone, which
+kills mpirun by SIGPIPE before it stops anyone). Every process of a job, and everything it
 starts, carries the job token in its environment (mpirun exports it): that, not a pid list
 built while they start, finds them all, even one started a moment before a SIGKILL.
-
-`Watchdog` starts `python -m ringflow.poprun.watchdog`, which stops them if ringflow-poprun
-itself is SIGKILLed.
 """
 
 from __future__ import annotations
@@ -15,19 +14,16 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from ringflow.errors import LaunchError
+from ringflow.launch.env import JOB_TOKEN_VAR
 from ringflow.launch.processes import scan_processes
 
-__all__ = ["Watchdog", "ancestors", "job_processes", "processes_with_env", "stop_processes",
+__all__ = ["alive", "ancestors", "job_processes", "processes_with_env", "stop_processes",
            "stop_task_command"]
 
-TOKEN_VAR = "RINGFLOW_JOB_TOKEN"
 PROC = Path("/proc")
 KILL_WAIT_S = 5.0
 
@@ -44,7 +40,7 @@ def ancestors(pid: int | None = None) -> set[int]:
 
 def job_processes(token: str, exclude: Iterable[int] = ()) -> list[int]:
     """Live processes of this user whose environment holds the job's token."""
-    return processes_with_env(TOKEN_VAR, token, exclude)
+    return processes_with_env(JOB_TOKEN_VAR, token, exclude)
 
 
 def processes_with_env(name: str, value: str, exclude: Iterable[int] = ()) -> list[int]:
@@ -66,7 +62,8 @@ def processes_with_env(name: str, value: str, exclude: Iterable[int] = ()) -> li
     return found
 
 
-def _alive(pids: Iterable[int]) -> list[int]:
+def alive(pids: Iterable[int]) -> list[int]:
+    """The processes among `pids` that live (not zombies)."""
     state = {pid: s for pid, s, _, _ in scan_processes()}
     return [pid for pid in pids if state.get(pid, "X") not in ("Z", "X")]
 
@@ -79,47 +76,18 @@ def stop_processes(pids: list[int], grace_s: float) -> list[int]:
                 os.kill(pid, sig)
     for wait_s, then in ((grace_s, signal.SIGKILL), (KILL_WAIT_S, None)):
         deadline = time.monotonic() + wait_s
-        while (left := _alive(pids)) and time.monotonic() < deadline:
+        while (left := alive(pids)) and time.monotonic() < deadline:
             time.sleep(0.05)
         if then is None or not left:
             return left
         for pid in left:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, then)
-    return _alive(pids)
-
-
-class Watchdog:
-    """ringflow-poprun's end: start the watchdog (its own session, no token in its
-    environment), hand it the token, release it when the job is cleaned up."""
-
-    def __init__(self, token: str, grace_s: float) -> None:
-        env = {k: v for k, v in os.environ.items() if k != TOKEN_VAR}
-        try:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "ringflow.poprun.watchdog", str(grace_s)],
-                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, env=env,
-                start_new_session=True)
-            assert self.proc.stdin is not None
-            self.proc.stdin.write(token.encode() + b"\n")
-            self.proc.stdin.flush()
-        except OSError as exc:
-            raise LaunchError(f"cannot start the job watchdog: {exc}") from exc
-
-    def release(self, timeout_s: float = 5.0) -> None:
-        with contextlib.suppress(OSError, ValueError):
-            assert self.proc.stdin is not None
-            self.proc.stdin.write(b"done\n")
-            self.proc.stdin.close()
-        try:
-            self.proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(timeout=timeout_s)
+    return alive(pids)
 
 
 _STOP_TASK = """import sys
-from ringflow.poprun.leftovers import ancestors, processes_with_env, stop_processes
+from ringflow.launch.leftovers import ancestors, processes_with_env, stop_processes
 pids = processes_with_env(sys.argv[1], sys.argv[2], exclude=ancestors())
 left = stop_processes(pids, float(sys.argv[3])) if pids else []
 print("stopped %d process(es) of an earlier try%s" % (len(pids), " (still alive: %s)" % left

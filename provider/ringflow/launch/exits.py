@@ -1,0 +1,60 @@
+"""How a process ended, in words, and which of several failures came first: the one wording
+and the one rule that the launcher agent, the mpirun job, ringflow-poprun and the provider
+report with.
+"""
+
+from __future__ import annotations
+
+import signal
+
+__all__ = ["describe_exit", "describe_signal", "failure_order", "shell_exit_code",
+           "signal_name"]
+
+_MAX_SIGNAL = 64  # Linux's last real-time signal; a shell's 128+N is a signal only up to it
+
+
+def signal_name(number: int) -> str:
+    """`SIGKILL`, or `signal 40` for a number without a name."""
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def describe_signal(number: int) -> str:
+    """`signal 9 (SIGKILL)`, or `signal 40` for a number without a name."""
+    name = signal_name(number)
+    return name if name.startswith("signal ") else f"signal {number} ({name})"
+
+
+def shell_exit_code(returncode: int) -> int:
+    """A Popen-style return code (-N for signal N) as a shell reports it (128+N)."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def describe_exit(code: int) -> str:
+    """An exit status as a person reads it.
+
+    A shell-style code: `exit code 1`; above 128 a shell (and mpirun, and the launcher) says
+    a signal ended the process: `exit code 137 (128+9: SIGKILL)`. A Popen-style -N means the
+    process was seen to die by signal N: `killed by SIGKILL (exit code 137)`.
+    """
+    if code < 0:
+        return f"killed by {signal_name(-code)} (exit code {shell_exit_code(code)})"
+    if 128 < code <= 128 + _MAX_SIGNAL:
+        return f"exit code {code} (128+{code - 128}: {signal_name(code - 128)})"
+    return f"exit code {code}"
+
+
+def failure_order(after_peer_failure: bool, began_exit_at: float | None,
+                  index: int) -> tuple[bool, float, int]:
+    """The sort key that puts the root cause of a failed job first.
+
+    A failure that reported seeing a peer fail before it did is a consequence, so it comes
+    after every other. Then by when each began to exit by its host's clock (a ringflow
+    worker reports that before it closes its rings, so before a peer can fail because of
+    it; else the time its exit was seen; unknown comes last), not by the order the exits
+    were heard of. Then by index (rank, instance or host), so the order is total.
+    """
+    return (after_peer_failure, float("inf") if began_exit_at is None else began_exit_at,
+            index)

@@ -1,0 +1,342 @@
+"""One job under Open MPI's mpirun, as a plan of app contexts describes it: mpirun started,
+its output joined into whole tagged lines, signals forwarded, the first failing process
+named, this host's leftovers stopped, a failed job's shared memory swept on every host.
+
+mpirun does the rest as poprun relies on it to: a non-zero exit or a signal of any process
+stops all the others, and mpirun's exit code is the first failing process's.
+`ringflow.poprun` (PopRun's flags) and `ringflow.launch.mpirun` (one agent per host) run
+their jobs with it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import IO, Protocol
+
+from ringflow.errors import ConfigError, LaunchError
+from ringflow.launch.env import JOB_ID_VAR, JOB_TOKEN_VAR, resolve_identity
+from ringflow.launch.exits import describe_exit, describe_signal, failure_order, shell_exit_code
+from ringflow.launch.leftovers import ancestors, job_processes, stop_processes
+from ringflow.launch.line_writer import LineWriter
+from ringflow.launch.openmpi import (
+    EXIT_LINE,
+    FAILED_CODE,
+    FAILED_RANK,
+    RANK_EXIT_LINE,
+    SIGNALLED,
+    TAGGED_LINE,
+    MpirunPlan,
+    OutputJoiner,
+    mpirun_argv,
+    one_per_host_argv,
+)
+from ringflow.launch.watchdog import WatchdogClient
+
+__all__ = ["Lifeline", "MpirunJob"]
+
+STOP_GRACE_S = 15  # mpirun's own TERM-then-KILL takes a few seconds; then we SIGKILL it
+LEFT_GRACE_S = 2  # this host's processes that outlived mpirun: SIGTERM, then SIGKILL
+DRAIN_S = 5  # output still in the pipes after mpirun's exit
+SWEEP_TIMEOUT_S = 30
+POLL_S = 0.2
+_PR_SET_PDEATHSIG = 1
+_SWEEP = ("import sys\nfrom ringflow.launch.shm import sweep_job_segments\n"
+          "removed = sweep_job_segments(sys.argv[1])\n"
+          "print('removed shm segments ' + ' '.join(removed) if removed else "
+          "'no shm segment of the job left')\n")
+
+
+class Lifeline(Protocol):
+    """Something whose end means: stop the job (`ringflow.launch.stdin.StdinWatch`)."""
+
+    ended: threading.Event
+    reason: str
+
+    def start(self) -> None: ...
+
+
+def _parent_death_sigterm() -> Callable[[], None]:
+    libc = ctypes.CDLL(None, use_errno=True)
+    parent = os.getpid()
+
+    def setup() -> None:
+        # mpirun, told by SIGTERM, stops every process on every host: so if this process is
+        # SIGKILLed, mpirun still gets the signal it needs to clean up.
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if os.getppid() != parent:
+            os._exit(128 + signal.SIGTERM)
+
+    return setup
+
+
+class MpirunJob:
+    """One run of `plan` under mpirun; `run()` returns the exit code.
+
+    mpirun leaves this host's processes running if it dies abruptly (see `leftovers`): any
+    process of the job that outlives mpirun is stopped, and a watchdog stops them if this
+    process itself is SIGKILLed. Processes on other hosts are children of Open MPI's orted
+    there, which ends them when it loses mpirun. Subclasses say what the job is
+    (`intro_lines`) and start their own lines with `prefix`.
+    """
+
+    prefix = "[launch] mpirun:"
+
+    def __init__(self, plan: MpirunPlan, environ: Mapping[str, str] | None = None,
+                 stdout: IO[str] | None = None, stderr: IO[str] | None = None,
+                 mpirun: str = "mpirun", lifeline: Lifeline | None = None,
+                 only_output_from: int | None = None, verbose: bool = False) -> None:
+        """`lifeline`, when given, is started once mpirun runs; when it ends the job is
+        stopped as on SIGTERM, with exit code 129. `only_output_from` shows one process's
+        output only; `verbose` shows the mpirun command."""
+        self.plan = plan
+        self.lifeline = lifeline
+        self.environ = dict(os.environ if environ is None else environ)
+        self.stdout = stdout or sys.stdout
+        self.stderr = stderr or sys.stderr
+        self.mpirun = mpirun
+        self.only_output_from = only_output_from
+        self.verbose = verbose
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._stop_cause: str | None = None  # why the job is being stopped from here
+        self._stop_code = 0
+        self._out = LineWriter(stopping=lambda: self._stop_cause is not None)
+        self._token = ""
+        self._mpirun_said: list[str] = []
+        self._watchdog: WatchdogClient | None = None
+        self._exits: list[tuple[float, int, int]] = []  # (time, index, exit code)
+        self._began_exit: dict[int, float] = {}
+        self._after_peer_failure: set[int] = set()  # processes that reported seeing one
+
+    # output -------------------------------------------------------------------------------
+    def say(self, text: str) -> None:
+        self._out.write(self.stdout, f"{self.prefix} {text}")
+
+    def intro_lines(self, job_id: str) -> list[str]:
+        """What the job is, said first."""
+        hosts = self.plan.hosts
+        return [f"job {job_id}: {len(self.plan.contexts)} process(es) on {len(hosts)} "
+                f"host(s) ({','.join(hosts)}), started by Open MPI's mpirun"]
+
+    def _close_output(self) -> None:
+        dropped = self._out.dropped
+        if dropped:
+            self.say(f"{dropped} line(s) of output were dropped while the job stopped (the "
+                     "reader stalled)")
+        self._out.close(DRAIN_S)
+
+    def _emitter(self, name: str, stream: IO[str]) -> Callable[[int | None, str], None]:
+        only = self.only_output_from
+
+        def emit(index: int | None, line: str) -> None:
+            if index is not None and name == "stderr" and self._exit_report(index, line):
+                return
+            if index is None:
+                if name == "stderr":
+                    self._mpirun_said.append(line)
+                self._out.write(stream, line)
+            elif only is None or index == only:
+                self._out.write(stream, f"[1,{index}]<{name}>:{line}")
+
+        return emit
+
+    def _exit_report(self, index: int, line: str) -> bool:
+        """Record a line that reports an exit (for us, not for people); False if not one."""
+        reported = EXIT_LINE.match(line)
+        if reported:  # the process's sh: exit code and time
+            self._exits.append((float(reported.group(2)), index, int(reported.group(1))))
+            return True
+        began = RANK_EXIT_LINE.match(line)
+        if began:  # a ringflow worker about to close its rings
+            self._began_exit.setdefault(index, float(began.group(1)))
+            if began.group(2):
+                self._after_peer_failure.add(index)
+            return True
+        return False
+
+    @staticmethod
+    def _pump(pipe: IO[bytes], joiner: OutputJoiner) -> None:
+        fd = pipe.fileno()
+        while data := os.read(fd, 65536):
+            joiner.feed(data)
+        joiner.close()
+
+    # the job ------------------------------------------------------------------------------
+    def run(self) -> int:
+        try:
+            return self._run()
+        finally:
+            self._close_output()
+
+    def _run(self) -> int:
+        env = dict(self.environ)
+        if self.plan.job_id:  # the job's id on the command line (PopRunOperator's ringflow_job)
+            env[JOB_ID_VAR] = self.plan.job_id
+        identity, warning = resolve_identity(env)
+        if warning:
+            self.say(f"warning: {warning}")
+        env[JOB_ID_VAR], env[JOB_TOKEN_VAR] = identity.job_id, identity.token
+        self._token = identity.token
+        for line in self.intro_lines(identity.job_id):
+            self.say(line)
+        argv = mpirun_argv(self.plan, env, self.mpirun)
+        if self.verbose:
+            self.say("mpirun command: " + " ".join(argv))
+        try:
+            self._watchdog = WatchdogClient(identity.job_id, LEFT_GRACE_S,
+                                            marker=(JOB_TOKEN_VAR, identity.token))
+        except LaunchError as exc:
+            self.say(f"warning: {exc}; processes here would outlive a SIGKILL of this process")
+        try:
+            code = self._run_mpirun(argv, env)
+        finally:
+            self._stop_leftovers(identity.token)
+        if code != 0:
+            code = self._first_failure(code)
+            self._sweep(identity.job_id, env)
+        return code
+
+    def _run_mpirun(self, argv: list[str], env: dict[str, str]) -> int:
+        previous = {sig: signal.signal(sig, self._forward)
+                    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+        try:
+            self._proc = self._start_mpirun(argv, env)
+            assert self._proc.stdout is not None and self._proc.stderr is not None
+            self._out.start()  # threads only now: no fork with a preexec_fn may follow
+            pumps = [threading.Thread(target=self._pump, daemon=True, args=(
+                pipe, OutputJoiner(self._emitter(name, stream))))
+                for pipe, name, stream in ((self._proc.stdout, "stdout", self.stdout),
+                                           (self._proc.stderr, "stderr", self.stderr))]
+            for pump in pumps:
+                pump.start()
+            if self.lifeline is not None:
+                self.lifeline.start()
+            code = shell_exit_code(self._wait())
+            deadline = time.monotonic() + DRAIN_S
+            for pump in pumps:
+                pump.join(max(0.0, deadline - time.monotonic()))
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        if self._stop_cause is not None:
+            self.say(f"stopped by {self._stop_cause}; mpirun stopped every instance")
+            return self._stop_code
+        return code
+
+    def _start_mpirun(self, argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+        try:
+            return subprocess.Popen(
+                argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE, preexec_fn=_parent_death_sigterm())
+        except FileNotFoundError:
+            raise ConfigError(f"{self.mpirun!r} not found: ringflow runs the processes with "
+                              "Open MPI's mpirun (Debian: apt install openmpi-bin)") from None
+
+    def _wait(self) -> int:
+        proc = self._proc
+        assert proc is not None
+        stop_by: float | None = None
+        while True:
+            try:
+                return proc.wait(timeout=POLL_S)
+            except subprocess.TimeoutExpired:
+                pass
+            if self.lifeline is not None and self.lifeline.ended.is_set():
+                self._stop(self.lifeline.reason or "the end of stdin", 129)
+            if self._stop_cause is not None and stop_by is None:
+                stop_by = time.monotonic() + STOP_GRACE_S
+            if stop_by is not None and time.monotonic() > stop_by:
+                self.say(f"mpirun did not stop within {STOP_GRACE_S} s of SIGTERM: SIGKILL")
+                proc.kill()
+                return proc.wait(timeout=STOP_GRACE_S)
+
+    def _stop_leftovers(self, token: str) -> None:
+        left = job_processes(token, exclude=ancestors())
+        if left:
+            self.say(f"{len(left)} process(es) of the job outlived mpirun here: stopping them")
+            survivors = stop_processes(left, LEFT_GRACE_S)
+            if survivors:
+                self.say(f"processes still alive after SIGKILL: {survivors}")
+        if self._watchdog is not None:
+            self._watchdog.release()
+
+    def _forward(self, signum: int, _frame: object) -> None:
+        self._stop(f"signal {signal.Signals(signum).name}", 128 + signum)
+
+    def _stop(self, cause: str, code: int) -> None:
+        if self._stop_cause is not None:
+            return
+        self._stop_cause, self._stop_code = cause, code
+        if self._proc is None or self._proc.poll() is not None:
+            return
+        self._proc.send_signal(signal.SIGTERM)  # mpirun: TERM to all, then KILL
+        # mpirun takes about a second to pass the TERM on; this host's processes get it now
+        # (their peers elsewhere then fail at once, or get it from mpirun)
+        if self._token:
+            for pid in job_processes(self._token, exclude=ancestors() | {self._proc.pid}):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGTERM)
+
+    # after a failure ----------------------------------------------------------------------
+    def _first_failure(self, code: int) -> int:
+        """Name the process that failed first and return the job's exit code: its code.
+        By `failure_order`, on the hosts' clocks, not by the order mpirun heard of the exits:
+        when a ringflow worker began to exit (before its peers could notice), else when the
+        process's sh saw it end; mpirun's own report when no process's came."""
+        if self._stop_cause is not None:
+            return code
+        failed = sorted((failure_order(i in self._after_peer_failure,
+                                       min(t, self._began_exit.get(i, t)), i), c)
+                        for t, i, c in self._exits if c != 0)
+        if failed:
+            (_, _, index), exit_code = failed[0]
+            self._say_failed(index, self.plan.host_of(index), exit_code)
+            return exit_code
+        self._say_mpirun_report(code)
+        return code
+
+    def _say_failed(self, index: int, host: str, exit_code: int) -> None:
+        self.say(f"instance {index} on {host} failed first with {describe_exit(exit_code)}; "
+                 "every instance was stopped")
+
+    def _say_mpirun_report(self, code: int) -> None:
+        said = "\n".join(self._mpirun_said)
+        rank, exit_code = FAILED_RANK.search(said), FAILED_CODE.search(said)
+        signalled = SIGNALLED.search(said)
+        if rank and exit_code:
+            index = int(rank.group(1))
+            self._say_failed(index, self.plan.host_of(index), int(exit_code.group(1)))
+        elif signalled:
+            self.say(f"instance {signalled.group(1)} on {signalled.group(2)} was ended by "
+                     f"{describe_signal(int(signalled.group(3)))}; every instance was stopped")
+        elif code > 128:
+            self.say(f"mpirun was ended by {describe_signal(code - 128)}")
+        else:
+            self.say(f"mpirun exited with code {code}")
+
+    def _sweep(self, job_id: str, env: dict[str, str]) -> None:
+        """Remove the job's shared memory that killed ringflow workers left, on every host
+        (one process per host, under mpirun); best effort, within SWEEP_TIMEOUT_S."""
+        hosts = self.plan.hosts
+        argv = one_per_host_argv(self.mpirun, hosts, self.plan.global_args, env,
+                                 [sys.executable, "-c", _SWEEP, job_id])
+        try:
+            done = subprocess.run(argv, env=env, stdin=subprocess.DEVNULL, capture_output=True,
+                                  text=True, timeout=SWEEP_TIMEOUT_S)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            self.say(f"shm sweep of job {job_id} on the hosts did not finish: {exc}")
+            return
+        for line in done.stdout.splitlines():
+            match = TAGGED_LINE.match(line)
+            if match and match.group(2) == "stdout":
+                self.say(f"shm sweep on {hosts[int(match.group(1))]}: {match.group(3)}")
+        if done.returncode:
+            tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+            self.say(f"shm sweep of job {job_id} failed (exit {done.returncode}): {tail}")

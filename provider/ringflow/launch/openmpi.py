@@ -1,0 +1,220 @@
+"""Everything ringflow knows about Open MPI: the mpirun command of a job (base options, one
+MPMD app context per process with its `-x` exports and the sh that reports its exit), `-x`
+options read back, mpirun's tagged output joined into whole lines, and the report lines.
+
+As Graphcore's poprun does (reference 6.2), processes run under mpirun with `--tag-output
+--bind-to none`; here one app context per process (`-np 1 -H host:slots`), so each gets its
+own exports and host. MPI rank = index of the app context.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from ringflow.launch.env import JOB_ID_VAR, JOB_TOKEN_VAR
+from ringflow.launch.lines import MAX_LINE_BYTES, BoundedLines
+
+__all__ = ["EXIT_LINE", "INSTANCE_SH", "RANK_EXIT_LINE", "AppContext", "MpirunPlan",
+           "OutputJoiner", "base_argv", "context_argv", "exported_names", "exported_values",
+           "mpirun_argv", "one_per_host_argv"]
+
+# Exported from the job's own environment to every process, as poprun does, when set; the
+# job's identity too. A bare `-x NAME`: mpirun exports its own value, so the token is never
+# on a command line.
+PASS_THROUGH = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH")
+JOB_VARS = (JOB_ID_VAR, JOB_TOKEN_VAR)
+REPORT_EXIT_VAR = "RINGFLOW_REPORT_EXIT_TIME"
+# Each process runs under this POSIX sh, which reports its program's exit code and the time
+# (the host's clock) on the process's stderr: mpirun names the first exit IT sees, and a
+# process beside it that fails because a remote peer died is seen before that peer's exit
+# crosses the network. A signal that ends the process ends the sh too (mpirun signals the
+# process group): a stopped process reports nothing. (The names are ringflow-poprun's,
+# where this began; command lines stay as they were.)
+EXIT_MARK = "ringflow-poprun-exit"
+INSTANCE_NAME = "ringflow-poprun-instance"  # the sh's $0
+INSTANCE_SH = ('"$@"; code=$?; printf "%s %s %s\\n" ' + EXIT_MARK +
+               ' "$code" "$(date +%s.%N)" >&2; exit "$code"')
+EXIT_LINE = re.compile(rf"^{EXIT_MARK} (\d+) (\d+(?:\.\d+)?)$")
+# A ringflow worker's own line, printed as it begins to exit, before its rings close (so
+# before any peer can fail because of it): with RINGFLOW_REPORT_EXIT_TIME=1 in its env.
+RANK_EXIT_LINE = re.compile(r"^ringflow-exit-time (\d+(?:\.\d+)?)( after-peer-failure)?$")
+# mpirun's own report of the first failure (Open MPI 4 and 5).
+FAILED_RANK = re.compile(r"Process name:\s*\[\[\d+,\d+\],(\d+)\]")
+FAILED_CODE = re.compile(r"Exit code:\s*(-?\d+)")
+SIGNALLED = re.compile(r"process rank (\d+) with PID \d+ on node (\S+) exited on signal "
+                       r"(\d+)(?: \(([^)]*)\))?")
+# `[<job>,<rank>]<stdout>:` (or <stderr>, <stddiag>): Open MPI's --tag-output prefix.
+TAG = re.compile(rb"\[\d+,(\d+)\]<(std\w+)>:")
+TAGGED_LINE = re.compile(r"\[\d+,(\d+)\]<(std\w+)>:(.*)")
+
+
+@dataclass(frozen=True)
+class AppContext:
+    """One process of the job: where it runs, what it is told, what it runs.
+
+    `options` are mpirun options as given for it (`-x NAME[=VALUE]` and any other), placed
+    first; `env` is exported as `-x NAME=VALUE` unless `options` export NAME already.
+    """
+
+    host: str
+    argv: tuple[str, ...]
+    slots: int = 1  # the host's slots, as `-H host:slots` says to mpirun
+    options: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class MpirunPlan:
+    """One mpirun job: a process per app context (MPI rank = index), mpirun's own options,
+    and the job's id when its command line names one (`-x RINGFLOW_JOB_ID=...`)."""
+
+    contexts: tuple[AppContext, ...]
+    global_args: tuple[str, ...] = ()
+    job_id: str | None = None
+
+    @property
+    def hosts(self) -> tuple[str, ...]:
+        """The job's hosts, each once, in the order of its processes."""
+        return tuple(dict.fromkeys(ctx.host for ctx in self.contexts))
+
+    def host_of(self, index: int) -> str:
+        return self.contexts[index].host
+
+
+def exported_names(options: Sequence[str]) -> set[str]:
+    """The variables that mpirun options export (`-x NAME` or `-x NAME=VALUE`)."""
+    return {item.partition("=")[0] for flag, item in itertools.pairwise(options)
+            if flag == "-x"}
+
+
+def exported_values(options: Sequence[str]) -> dict[str, str]:
+    """The variables that mpirun options define (`-x NAME=VALUE`), with their values."""
+    return {name: value for flag, item in itertools.pairwise(options) if flag == "-x"
+            for name, eq, value in [item.partition("=")] if eq}
+
+
+def base_argv(mpirun: str, global_args: Sequence[str], as_root: bool | None = None) -> list[str]:
+    """mpirun and its options for the whole job (root must say it means it)."""
+    if as_root is None:
+        as_root = os.geteuid() == 0
+    return [mpirun, *(["--allow-run-as-root"] if as_root else []), "--tag-output",
+            "--bind-to", "none", *global_args]
+
+
+def context_argv(ctx: AppContext, environ: Mapping[str, str]) -> list[str]:
+    """One app context: its host, its options, the variables of `environ` named in
+    PASS_THROUGH or JOB_VARS (bare), its env, the exit-time report, the sh around argv."""
+    taken = exported_names(ctx.options)
+    argv = ["-np", "1", "-H", f"{ctx.host}:{ctx.slots}", *ctx.options]
+    for name in (*PASS_THROUGH, *JOB_VARS):
+        if name in environ and name not in taken:
+            argv += ["-x", name]
+    for name, value in ctx.env.items():
+        if name not in taken:
+            argv += ["-x", f"{name}={value}"]
+    if REPORT_EXIT_VAR not in taken:
+        argv += ["-x", f"{REPORT_EXIT_VAR}=1"]
+    return [*argv, "sh", "-c", INSTANCE_SH, INSTANCE_NAME, *ctx.argv]
+
+
+def mpirun_argv(plan: MpirunPlan, environ: Mapping[str, str], mpirun: str = "mpirun",
+                as_root: bool | None = None) -> list[str]:
+    """mpirun's argv: the base, then the app contexts separated by `:` (MPMD)."""
+    argv = base_argv(mpirun, plan.global_args, as_root)
+    for index, ctx in enumerate(plan.contexts):
+        argv += [":"] if index else []
+        argv += context_argv(ctx, environ)
+    return argv
+
+
+def one_per_host_argv(mpirun: str, hosts: Sequence[str], global_args: Sequence[str],
+                      environ: Mapping[str, str], argv: Sequence[str],
+                      as_root: bool | None = None) -> list[str]:
+    """mpirun's argv that runs `argv` once on each host (with PATH and PYTHONPATH)."""
+    return [*base_argv(mpirun, global_args, as_root), "-np", str(len(hosts)),
+            "-H", ",".join(f"{host}:1" for host in hosts), "--map-by", "node",
+            *(part for name in ("PATH", "PYTHONPATH") if name in environ
+              for part in ("-x", name)), *argv]
+
+
+# Any next tag or end of one of mpirun's lines; and the start of a tag a read cut off.
+_NEXT = re.compile(rb"\n|" + TAG.pattern)
+_TAG_START = re.compile(rb"\[\d*(?:,\d*(?:\](?:<\w*>?)?)?)?\Z")
+_TAG_MAX = 64
+
+
+class OutputJoiner:
+    """Whole lines out of one of mpirun's streams, in bounded memory.
+
+    Open MPI tags every piece a process writes (at its start, and after each `\\n` in it);
+    a line written in two pieces arrives as two tagged fragments, with other processes'
+    lines possibly between them. So text after a tag, up to the next tag or mpirun's next
+    `\\n`, is that process's; text before a line's first tag is mpirun's own. Each one's
+    text goes through its own `BoundedLines`: a line ends at `\\n`, `\\r\\n` or a lone `\\r`,
+    and one longer than `max_line` is passed on in pieces. `emit(index or None, line)` gets
+    each line (without its ending), decoded.
+    """
+
+    def __init__(self, emit: Callable[[int | None, str], None],
+                 max_line: int = MAX_LINE_BYTES) -> None:
+        self._emit = emit
+        self._max = max_line
+        self._lines: dict[int | None, BoundedLines] = {}
+        self._owner: int | None = None  # whose text mpirun's stream carries now
+        self._held = b""  # the start of a tag that the end of a read cut off
+        self._open = False  # bytes came since mpirun's last `\n`
+
+    def feed(self, data: bytes) -> None:
+        data = self._held + data
+        cut = self._hold_from(data)
+        data, self._held = data[:cut], data[cut:]
+        pos = 0
+        for match in _NEXT.finditer(data):
+            self._text(data[pos:match.start()])
+            if match.group(1) is None:
+                self._end_line()
+            else:
+                self._tag(int(match.group(1)))
+            pos = match.end()
+        self._text(data[pos:])
+
+    def close(self) -> None:
+        """End of stream: what is pending is emitted as if its newline had come."""
+        self._text(self._held)
+        self._held = b""
+        if self._open:
+            self._end_line()
+        for owner in sorted(index for index in self._lines if index is not None):
+            self._lines[owner].flush()
+
+    @staticmethod
+    def _hold_from(data: bytes) -> int:
+        start = data.rfind(b"[", max(0, len(data) - _TAG_MAX))
+        return start if start >= 0 and _TAG_START.match(data, start) else len(data)
+
+    def _text(self, text: bytes) -> None:
+        if text:
+            self._open = True
+            self._of(self._owner).feed(text)
+
+    def _tag(self, index: int) -> None:
+        self._open = True
+        if self._owner is None:  # mpirun's text before the tag is a line of its own
+            self._of(None).flush()
+        self._owner = index
+
+    def _end_line(self) -> None:
+        self._of(self._owner).feed(b"\n")
+        self._owner, self._open = None, False
+
+    def _of(self, owner: int | None) -> BoundedLines:
+        lines = self._lines.get(owner)
+        if lines is None:
+            def emit(raw: bytes) -> None:
+                self._emit(owner, raw.decode("utf-8", "replace"))
+            lines = self._lines[owner] = BoundedLines(emit, self._max)
+        return lines
