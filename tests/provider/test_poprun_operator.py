@@ -515,14 +515,14 @@ def test_a_job_ended_by_a_signal_reports_128_plus_n_and_the_signal(sshd, ssh_con
     with pytest.raises(AirflowException) as info:
         op.execute(context())
     assert str(info.value).startswith(
-        "PopRun failed on '127.0.0.1' with exit code 143 (128+15: ended by signal SIGTERM)")
+        "PopRun failed on '127.0.0.1' with exit code 143 (128+15: SIGTERM)")
     assert op._pgid is not None
     # nothing but the job's own output: no "Terminated" from a shell
     assert [line for _, line in lines if not line.startswith("standin-poprun ")] == [
         "ending my process group"]
     (part,) = op._handle.parts
     status = json.loads((Path(part.job_dir) / "status.json").read_text())
-    assert status["cause"] == "poprun was ended by SIGTERM (exit code 143)"
+    assert status["cause"] == "poprun was killed by SIGTERM (exit code 143)"
 
 
 def test_invalid_rendered_arguments_fail_without_retry_and_mask_secrets(sshd):

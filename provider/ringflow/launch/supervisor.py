@@ -30,6 +30,7 @@ from typing import NoReturn
 
 from ringflow.errors import ConfigError
 from ringflow.launch import jobdir
+from ringflow.launch.exits import describe_exit
 from ringflow.launch.processes import (
     Prctl,
     describe_returncode,
@@ -281,14 +282,9 @@ class Supervisor:
 
 
 def ended_how(returncode: int) -> str:
-    """``exited with code 1``, ``was ended by SIGTERM (exit code 143)``."""
-    if returncode >= 0:
-        return f"exited with code {returncode}"
-    try:
-        name = signal.Signals(-returncode).name
-    except ValueError:
-        name = f"signal {-returncode}"
-    return f"was ended by {name} (exit code {128 - returncode})"
+    """``ended with exit code 1``, ``was killed by SIGTERM (exit code 143)``."""
+    text = describe_exit(returncode)
+    return f"was {text}" if returncode < 0 else f"ended with {text}"
 
 
 def program_name(command: list[str]) -> str:

@@ -1,7 +1,7 @@
 """How a job of ringflow launcher agents ended, from its lines and its parts' final status:
 each agent's result line (`[launch] result {json}`), the last lines of each host, the rank
 that failed first across the hosts (the rule each agent applies to its own ranks:
-`ringflow.launch.agent.failure_order`) and the message a failed task gives."""
+`ringflow.launch.exits.failure_order`) and the message a failed task gives."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from ringflow.launch.exits import describe_exit, failure_order
 from ringflow_provider.launchers.lines import RESULT, JobLine
 
 TAIL_LINES = 20
@@ -16,18 +17,8 @@ _TAIL_PREFIX = "[launch]   | "  # an agent's copy of its failed rank's last log 
 
 
 def how(exit_code: int | None) -> str:
-    """``exit code 137 (128+9: SIGKILL)``, as a shell reports a process a signal ended."""
-    import signal
-
-    if exit_code is None:
-        return "no exit code"
-    if 128 < exit_code <= 128 + 64:
-        try:
-            name = signal.Signals(exit_code - 128).name
-        except ValueError:
-            name = f"signal {exit_code - 128}"
-        return f"exit code {exit_code} (128+{exit_code - 128}: {name})"
-    return f"exit code {exit_code}"
+    """``exit code 137 (128+9: SIGKILL)`` (the runtime's one wording), or that none came."""
+    return "no exit code" if exit_code is None else describe_exit(exit_code)
 
 
 @dataclass
@@ -57,8 +48,8 @@ class AgentOutcome:
             if rank is None or result.get("status") != "failed":
                 continue
             entry = next((r for r in result.get("ranks", []) if r.get("rank") == rank), {})
-            failed.append(((bool(entry.get("after_peer_failure")),
-                            entry.get("ended_at") or float("inf"), index), host, entry))
+            failed.append((failure_order(bool(entry.get("after_peer_failure")),
+                                         entry.get("ended_at"), index), host, entry))
         if not failed:
             return None
         _, host, entry = min(failed, key=lambda f: f[0])

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import secrets as token_source
 import shlex
-import signal
 import time
 import uuid
 from collections import deque
@@ -18,6 +17,7 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException, Airfl
 from pydantic import TypeAdapter
 
 from ringflow.errors import LaunchError, RingflowError
+from ringflow.launch.exits import describe_exit
 from ringflow_provider.hooks.multi_ssh import MultiHostSSHHook
 from ringflow_provider.jobs.masking import Secrets
 from ringflow_provider.launchers import commands
@@ -57,13 +57,6 @@ def _templated(value: Any) -> bool:
     if isinstance(value, dict):
         return any(_templated(k) or _templated(v) for k, v in value.items())
     return False
-
-
-def _signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return str(number)
 
 
 class _Tail:
@@ -443,12 +436,11 @@ class PopRunOperator(RingflowJobOperator):
         if exit_code in self.skip_on_exit_code:
             raise AirflowSkipException(f"PopRun exited with {exit_code} on {host!r}: skipped")
         lines = "\n".join(tail)
-        how = f"with exit code {exit_code}"
         if final.get("state") == "lost":
             how = ("without an exit status (its supervisor vanished: the host rebooted, or "
                    "it was killed)")
-        elif 128 < exit_code <= 128 + 64:
-            how += f" (128+{exit_code - 128}: ended by signal {_signal_name(exit_code - 128)})"
+        else:
+            how = f"with {describe_exit(exit_code)}"
         raise AirflowException(self._secrets.mask(
             f"PopRun failed on {host!r} {how}; last {len(tail)} lines:\n{lines}"))
 

@@ -5,7 +5,6 @@ reads, the tail of a rank's log."""
 from __future__ import annotations
 
 import os
-import signal
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -97,17 +96,6 @@ def base_port(value: Any, nproc: int) -> int | None:
         raise ValueError(f"base_port {port}: the ranks' ports {port}..{port + nproc - 1} must "
                          f"lie in 1024..65535")
     return port
-
-
-def how(exit_code: int) -> str:
-    """``exit code 137 (128+9: SIGKILL)``, as a shell reports a process a signal ended."""
-    if 128 < exit_code <= 128 + 64:
-        try:
-            name = signal.Signals(exit_code - 128).name
-        except ValueError:
-            name = f"signal {exit_code - 128}"
-        return f"exit code {exit_code} (128+{exit_code - 128}: {name})"
-    return f"exit code {exit_code}"
 
 
 def log_tail(log_dir: Path, rank: int, lines: int = 20) -> list[str]:

@@ -84,7 +84,7 @@ def test_a_detached_job_writes_its_output_and_status_and_follow_ends_with_its_co
     assert out.decode().splitlines() == ["has secret: False", *(f"line {i}" for i in range(20))]
     assert final["state"] == "ended" and final["exit_code"] == 3 and final["offset"] == len(out)
     status = wait_ended(job, 10)
-    assert status["cause"] == "python exited with code 3" and status["program"] == "python"
+    assert status["cause"] == "python ended with exit code 3" and status["program"] == "python"
     assert status["started_at"] <= status["ended_at"] and status["stopped_by"] is None
     assert stat.S_IMODE(job.stat().st_mode) == 0o700
     for name in (jobdir.OUTPUT, jobdir.STATUS, jobdir.LEASE, jobdir.LOCK):
