@@ -6,7 +6,8 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint sysdeps venv clean bench bench-train bench-allreduce bench-hosts bench-sysdeps
+.PHONY: demo test lint sysdeps venv clean bench bench-train bench-allreduce bench-hosts \
+	bench-sysdeps bench-deferral
 
 $(STAMP): pyproject.toml setup.cfg
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -66,7 +67,7 @@ test: sysdeps $(STAMP)
 
 # Benchmarks (not tests). The training step compares against PyTorch, which is installed
 # only into benchmarks/.venv-torch (made by the script on first use), never into .venv.
-bench: bench-train bench-allreduce bench-hosts
+bench: bench-train bench-allreduce bench-hosts bench-deferral
 
 bench-train: $(STAMP)
 	$(PY) benchmarks/train_step.py
@@ -85,6 +86,11 @@ bench-allreduce: bench-sysdeps $(STAMP)
 # All-reduce between two namespace hosts (root; python3-numpy from sysdeps).
 bench-hosts: sysdeps $(STAMP)
 	$(PY) benchmarks/allreduce_hosts.py
+
+# Deferral through real Airflow services: worker-slot seconds, one triggerer and 50 jobs
+# (root: namespace hosts).
+bench-deferral: sysdeps $(STAMP)
+	$(PY) benchmarks/deferral.py --readme
 
 clean:
 	rm -rf $(VENV) build *.egg-info provider/*.egg-info .pytest_cache .airflow

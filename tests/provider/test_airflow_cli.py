@@ -184,7 +184,8 @@ def test_airflow_tasks_test_runs_the_job_over_ssh_with_secrets_masked(airflow_ho
     assert "tok-live-5521" not in log
     assert "conn-pw-Zq81" not in log
     # the job's folder in the default state dir: how it ended, and no secret in any file
-    (folder,) = (sshd.home / ".ringflow" / "jobs").glob("*/try-1")
+    (folder,) = [f for f in (sshd.home / ".ringflow" / "jobs").glob("*/try-1")
+                 if b"train_cli.py" in (f / "output.log").read_bytes()]
     assert '"exit_code": 0' in (folder / "status.json").read_text()
     for path in folder.iterdir():
         text = path.read_bytes()
@@ -219,6 +220,7 @@ def test_sigterm_to_the_task_runs_on_kill_and_leaves_no_remote_process(airflow_h
     assert re.search(r"stopping the job on 127\.0\.0\.1: asked the supervisor \(pid \d+\) to "
                      r"stop the job: on_kill: the task was killed in Airflow", log), log[-3000:]
     wait_until(lambda: not processes_running(remote), 20, "the remote group to die")
-    (folder,) = (sshd.home / ".ringflow" / "jobs").glob("*/try-1")
+    (folder,) = [f for f in (sshd.home / ".ringflow" / "jobs").glob("*/try-1")
+                 if b"train_sigterm.py" in (f / "output.log").read_bytes()]
     wait_until(lambda: '"stopped_by": "request"' in (folder / "status.json").read_text(), 20,
                "the job's status to say it was stopped")

@@ -26,6 +26,7 @@ from airflow.sdk.exceptions import AirflowException
 from ringflow_provider.operators.poprun import PopRunOperator
 from tests.provider.conftest import REPO, wait_until
 from tests.provider.contexts import TaskInstanceStub
+from tests.provider.deferral import execute_deferred
 from tests.provider.test_poprun_operator import RecordingLog
 
 pytestmark = [pytest.mark.ssh, pytest.mark.multiproc, pytest.mark.slow]
@@ -143,3 +144,18 @@ def test_on_kill_stops_every_instance_on_every_host(two_hosts):
     assert time.monotonic() - started < 2.5
     thread.join(30)
     assert "was killed (on_kill)" in str(outcome.get("error"))
+
+
+def test_a_deferred_poprun_job_on_cpu_hosts_reports_as_an_attached_one(two_hosts):
+    """ringflow-poprun under the launch host's supervisor, watched by the trigger over
+    asyncssh: the instances' lines reach its log and the task's summary is the same."""
+    trigger_log = RecordingLog()
+    op = make(two_hosts, "--steps", "10")
+    op.deferrable, op.poll_interval = True, 0.5
+    summary, _ = execute_deferred(op, ctx(), lambda: make(two_hosts, "--steps", "10"),
+                                   log=trigger_log)
+    assert summary["exit_code"] == 0 and summary["num_instances"] == 4
+    shown = [m for _, m in trigger_log.records]
+    steps = sorted({int(m.group(1)) for m in map(_STEP.match, shown) if m})
+    assert steps == list(range(10))
+    assert any(m.startswith("ringflow-poprun: 4 instance(s) on 2 host(s)") for m in shown)

@@ -266,7 +266,7 @@ def test_killing_the_task_process_leaves_no_rank_and_no_segment(airflow_home, ma
             proc.kill()
             proc.communicate(timeout=30)
     if sig == signal.SIGTERM:
-        assert "was killed (on_kill); its ranks were stopped" in rest, rest[-3000:]
+        assert "was killed (on_kill); it was stopped on every host" in rest, rest[-3000:]
         assert task_states(rest) == ["up_for_retry"], rest[-3000:]   # retries=1, as Airflow does
     else:
         assert proc.returncode == -signal.SIGKILL

@@ -28,6 +28,7 @@ from ringflow.train.metrics import parse_train_line
 from ringflow_provider.operators.tp_train import TPTrainOperator
 from tests.provider.conftest import REPO, wait_until
 from tests.provider.contexts import TaskInstanceStub
+from tests.provider.deferral import execute_deferred, first_event, remake
 from tests.provider.test_poprun_operator import RecordingLog
 
 pytestmark = [pytest.mark.ssh, pytest.mark.multiproc, pytest.mark.slow]
@@ -263,3 +264,51 @@ def test_a_rank_killed_on_the_second_host_mid_training_fails_the_task_within_15_
                               "first with exit code 137 (128+9: SIGKILL)"), \
         f"{message[:300]}\n{launch}"
     assert time.monotonic() - killed < 15
+
+
+@pytest.mark.parametrize("launcher", ["ssh", "mpirun"])
+def test_a_deferred_job_on_two_hosts_reports_as_an_attached_one(two_hosts, launcher):
+    """The triggerer's watch (asyncssh to each host) logs the progress lines the attached
+    path logs, and execute_complete gives the same summary: the losses bitwise equal."""
+    run = f"run-{uuid.uuid4().hex[:8]}"
+    attached = make(two_hosts, launcher=launcher).execute(ctx(run))
+    trigger_log = RecordingLog()
+    deferred, trigger = execute_deferred(
+        make(two_hosts, launcher=launcher, deferrable=True, poll_interval=0.5),
+        ctx(f"{run}-d"), lambda: make(two_hosts, launcher=launcher, deferrable=True),
+        log=trigger_log)
+    assert deferred["loss_history"] == attached["loss_history"]
+    assert (deferred["world_size"], deferred["hosts"]) == (4, attached["hosts"])
+    progress = [m for _, m in trigger_log.records if m.startswith("step ")]
+    assert [int(m.split()[1].split("/")[0]) for m in progress] == list(range(1, 11))
+    hosts = two_hosts[0]
+    assert any(m.startswith(f"[{hosts[1]}/rank 2] ") for _, m in trigger_log.records)
+    assert trigger.offsets and all(v > 0 for v in trigger.offsets.values())
+
+
+def test_killing_a_deferred_job_stops_it_on_every_host_within_10_s(two_hosts, ns_hosts):
+    """A user marks the deferred task failed: the triggerer cancels the trigger and calls its
+    on_kill, which stops every part of the job."""
+    import asyncio
+
+    from airflow.sdk.exceptions import TaskDeferred
+
+    op = long_job(two_hosts, deferrable=True, poll_interval=0.5)
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute(ctx(f"run-{uuid.uuid4().hex[:8]}"))
+    trigger = remake(deferred.value.trigger)
+    trigger._log = RecordingLog()
+
+    async def watch_then_kill() -> float:
+        task = asyncio.ensure_future(first_event(trigger, 300))
+        while not any(m.startswith("step 3/") for _, m in trigger._log.records):
+            await asyncio.sleep(0.2)
+        task.cancel()
+        started = time.monotonic()
+        await trigger.on_kill()
+        return started
+
+    started = asyncio.run(watch_then_kill())
+    for host in list(ns_hosts)[:2]:
+        wait_until(lambda host=host: not host.leftovers(), 10, f"{host.address} to be empty")
+    assert time.monotonic() - started < 10

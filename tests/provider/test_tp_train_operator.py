@@ -364,17 +364,17 @@ def job_args(tmp_path, mark: str, **overrides) -> dict:
 def test_a_retry_attaches_to_the_job_its_killed_task_process_left_as_one_run(make, tmp_path):
     run_id = f"run-{uuid.uuid4().hex[:8]}"
     mark = uuid.uuid4().hex
-    killed_task_process(tmp_path, run_id, "step 5/", **job_args(tmp_path, mark))
+    killed_task_process(tmp_path, run_id, "step 5/", **job_args(tmp_path, mark, steps=600))
     time.sleep(1.0)
     assert marked(mark), "the job did not outlive the task process of try 1"
-    retry = make(**job_args(tmp_path, mark, log_dir=str(tmp_path / "logs2")))
+    retry = make(**job_args(tmp_path, mark, steps=600, log_dir=str(tmp_path / "logs2")))
     retry.mark = mark
     summary = retry.execute(ctx(try_number=2, run_id=run_id, max_tries=1))
     attach = [m for _, m in retry.log.records if m.startswith("try 2: attaching")]
     assert len(attach) == 1 and re.fullmatch(
-        r"try 2: attaching to the running job of try 1 at step \d+/150", attach[0]), attach
-    assert [s for s, _ in summary["loss_history"]] == list(range(1, 151))  # one run
-    assert summary["resumed_from"] is None and summary["steps"] == 150
+        r"try 2: attaching to the running job of try 1 at step \d+/600", attach[0]), attach
+    assert [s for s, _ in summary["loss_history"]] == list(range(1, 601))  # one run
+    assert summary["resumed_from"] is None and summary["steps"] == 600
     progress = [m for m in log_text(retry).splitlines() if m.startswith("step ")]
     assert progress and int(progress[0].split()[1].split("/")[0]) > 5  # new lines only
 

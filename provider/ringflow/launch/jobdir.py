@@ -66,12 +66,20 @@ def write_json(path: Path, value: dict[str, Any]) -> None:
     os.replace(temporary, path)
 
 
+MASK = b"***"
+MIN_MASKED_LEN = 5  # as Airflow's masker: shorter values are not replaced wherever they occur
+
+
 class OutputWriter:
     """The command's stdout and stderr into output.log (an O_APPEND descriptor) as whole
-    lines, so the two streams never split each other's lines, stderr lines marked."""
+    lines, so the two streams never split each other's lines, stderr lines marked, and the
+    job's secret values (`secrets`) replaced by *** : no secret is written to the folder even
+    when the job prints one."""
 
-    def __init__(self, fd: int) -> None:
+    def __init__(self, fd: int, secrets: list[str] | tuple[str, ...] = ()) -> None:
         self.fd = fd
+        self._secrets = sorted({s.encode() for s in secrets if len(s) >= MIN_MASKED_LEN},
+                               key=len, reverse=True)
         self._pending = {"stdout": bytearray(), "stderr": bytearray()}
         self._at_line_start = {"stdout": True, "stderr": True}
 
@@ -104,6 +112,8 @@ class OutputWriter:
                 marked += piece
                 self._at_line_start[stream] = piece.endswith((b"\n", b"\r"))
             chunk = bytes(marked)
+        for secret in self._secrets:
+            chunk = chunk.replace(secret, MASK)
         view = memoryview(chunk)
         while view:
             view = view[os.write(self.fd, view):]

@@ -36,10 +36,11 @@ def read_secrets(fd: int = STDIN_FD, timeout_s: float = DEFAULT_TIMEOUT_S) -> di
 
     Bytes after the line are dropped: from then on only the end of the input matters.
     """
-    return parse_secrets(_read_line(fd, timeout_s))
+    return parse_secrets(read_line(fd, timeout_s))
 
 
-def _read_line(fd: int, timeout_s: float) -> bytes:
+def read_line(fd: int = STDIN_FD, timeout_s: float = DEFAULT_TIMEOUT_S) -> bytes:
+    """The first line of `fd` (without its newline) within `timeout_s`; ConfigError."""
     deadline = time.monotonic() + timeout_s
     data = bytearray()
     while b"\n" not in data:

@@ -40,7 +40,7 @@ from ringflow.launch.processes import (
     signal_group,
     terminate_group,
 )
-from ringflow.launch.stdin import encode_secrets, read_secrets
+from ringflow.launch.stdin import encode_secrets, parse_secrets, read_line
 
 PROG = "python -m ringflow.launch.supervisor"
 MARKER_VAR = "RINGFLOW_SUPERVISED"  # in the environment of every process of the job
@@ -107,8 +107,9 @@ class Supervisor:
 
     def __init__(self, job_dir: Path, command: list[str], env: dict[str, str],
                  stdin_line: bytes | None, lease_timeout: float | None,
-                 grace_s: float) -> None:
+                 grace_s: float, secrets: list[str] | None = None) -> None:
         self.dir = job_dir
+        self.secrets = list(secrets or [])  # masked in output.log, never written
         self.command = command
         self.env = env
         self.stdin_line = stdin_line
@@ -155,7 +156,7 @@ class Supervisor:
             os.set_blocking(fd, False)
         out = os.open(self.dir / jobdir.OUTPUT, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         try:
-            return self._watch(pipes, jobdir.OutputWriter(out))
+            return self._watch(pipes, jobdir.OutputWriter(out, self.secrets))
         finally:
             os.close(out)
 
@@ -321,6 +322,26 @@ def boot_id() -> str:
         return ""
 
 
+ENV_KEY, MASK_KEY = "ringflow:env", "ringflow:mask"
+
+
+def read_envelope() -> tuple[dict[str, str], list[str]]:
+    """The first stdin line: the secret variables, and more values to mask in the output
+    (a connection's password the job might print), as ``{"ringflow:env": {...},
+    "ringflow:mask": [...]}``; a plain object of variables is the variables alone."""
+    line = read_line()
+    try:
+        value = json.loads(line)
+    except ValueError:
+        value = None
+    if isinstance(value, dict) and set(value) <= {ENV_KEY, MASK_KEY} and value:
+        masks = value.get(MASK_KEY) or []
+        if not isinstance(masks, list) or not all(isinstance(m, str) for m in masks):
+            raise ConfigError(f"--secrets: {MASK_KEY} must be a list of strings")
+        return parse_secrets(json.dumps(value.get(ENV_KEY) or {}).encode()), masks
+    return parse_secrets(line), []
+
+
 def run_main(ns: argparse.Namespace) -> int:
     command = ns.command[1:] if ns.command[:1] == ["--"] else ns.command
     if not command:
@@ -328,7 +349,7 @@ def run_main(ns: argparse.Namespace) -> int:
     job_dir = jobdir.make_dir(ns.job_dir.expanduser())
     if (job_dir / jobdir.OUTPUT).exists() or jobdir.supervisor_alive(job_dir):
         raise ConfigError(f"run: job folder {job_dir} holds a job already")
-    values = read_secrets() if ns.secrets != "none" else {}
+    values, masks = read_envelope() if ns.secrets != "none" else ({}, [])
     env = dict(os.environ)
     env[MARKER_VAR] = token_source.token_hex(12)
     stdin_line = None
@@ -336,7 +357,8 @@ def run_main(ns: argparse.Namespace) -> int:
         env.update(values)
     elif ns.secrets == "stdin":
         stdin_line = encode_secrets(values)
-    supervisor = Supervisor(job_dir, command, env, stdin_line, ns.lease_timeout, ns.grace)
+    supervisor = Supervisor(job_dir, command, env, stdin_line, ns.lease_timeout, ns.grace,
+                            [*values.values(), *masks])
     if ns.detach:
         return _detach(supervisor)
     lock = jobdir.hold_lock(job_dir)

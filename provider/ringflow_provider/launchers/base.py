@@ -19,8 +19,7 @@ from typing import Any, ClassVar, TypeVar
 
 from ringflow.errors import LaunchError
 from ringflow.launch import jobdir
-from ringflow.launch.stdin import encode_secrets
-from ringflow.launch.supervisor import FINAL_PREFIX, STARTED_PREFIX
+from ringflow.launch.supervisor import ENV_KEY, FINAL_PREFIX, MASK_KEY, STARTED_PREFIX
 from ringflow_provider.launchers import commands
 from ringflow_provider.launchers.commands import Runtime
 from ringflow_provider.launchers.job import JobHandle, Part, TaskKey
@@ -134,19 +133,23 @@ class Launcher:
               env: Mapping[str, str], secrets: Mapping[str, str], secrets_to: str = "stdin",
               lease_timeout: float | None, grace_s: float = 10.0, log_dir: str | None = None,
               checkpoint_dir: str | None = None, gathered: bool = False,
+              show_hosts: bool | None = None, masks: Sequence[str] = (),
               extra: Mapping[str, Any] | None = None) -> JobHandle:
         """Start every part detached under the supervisor; the secrets go on stdin (into
-        the command's environment, or on as its stdin's first line). If a part cannot be
-        started, the parts already started are stopped."""
+        the command's environment, or on as its stdin's first line), with `masks`: more
+        values the supervisor masks in the job's output. If a part cannot be started, the
+        parts already started are stopped."""
         handle = JobHandle(
             launcher=self.name, job_id=job_id, task=task, hosts=tuple(self.hosts),
             parts=tuple(Part(host, self.job_dir(task), self.conns.get(host))
                         for host, _ in parts),
             python=self.runtime(parts[0][0]).python,
             pythonpath=self.runtime(parts[0][0]).pythonpath, gathered=gathered,
-            show_hosts=self.show_hosts, log_dir=log_dir, checkpoint_dir=checkpoint_dir,
+            show_hosts=self.show_hosts if show_hosts is None else show_hosts, log_dir=log_dir,
+            checkpoint_dir=checkpoint_dir,
             lease_timeout=lease_timeout, started_at=time.time(), extra=dict(extra or {}))
-        line = encode_secrets(secrets).decode()
+        line = json.dumps({ENV_KEY: dict(secrets),
+                           MASK_KEY: [m for m in masks if m]}, separators=(",", ":")) + "\n"
         record = handle.to_dict()
         full_env = {**env, "RINGFLOW_JOB_ID": job_id, TASK_VAR: task.key}
 

@@ -117,6 +117,9 @@ class RingflowJobOperator(BaseOperator):
             self._raise_if_killed()
             handle = start()
         self._handle = handle
+        if self._killed:  # on_kill came while the job started: it had nothing to stop yet
+            launcher.stop(handle, "on_kill: the task was killed in Airflow")
+            self._raise_if_killed()
         tie = self.on_existing == "restart" or not _retries_left(ti)
         try:
             ti.xcom_push(key=XCOM_JOB, value=handle.to_dict())

@@ -351,16 +351,14 @@ class PopRunOperator(RingflowJobOperator):
         handle = launcher.start(
             task, [(launch_host, argv)], job_id=job_vars.get("RINGFLOW_JOB_ID",
                                                              uuid.uuid4().hex[:12]),
-            env=env, secrets=hidden, secrets_to="env", lease_timeout=self.lease_timeout,
-            grace_s=KILL_GRACE_S,
+            env=env, secrets=hidden, secrets_to="env", masks=self._secrets.values,
+            lease_timeout=self.lease_timeout,
+            grace_s=KILL_GRACE_S, show_hosts=False,  # poprun's lines as poprun prints them
             extra={"launch_host": launch_host, "argv": masked, "sweep": self._sweep})
         return handle
 
     def new_report(self) -> _Tail:
         return _Tail()
-
-    def present(self, line: JobLine) -> tuple[str, str]:
-        return ("info" if line.stream == "stdout" else "warning"), line.text
 
     def finish(self, context: Any, handle: JobHandle, report: _Tail,
                finals: dict[str, dict[str, Any]]) -> dict[str, Any]:

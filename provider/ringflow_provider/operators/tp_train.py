@@ -290,6 +290,7 @@ class TPTrainOperator(RingflowJobOperator):
         return launcher.start(
             task, parts, job_id=uuid.uuid4().hex[:12], env=env,
             secrets={"RINGFLOW_JOB_TOKEN": token, **plan["secret"]},
+            masks=self._secrets.values,
             lease_timeout=self.lease_timeout, grace_s=_STOP_GRACE_S, log_dir=log_dir,
             checkpoint_dir=spec.checkpoint_dir, gathered=launcher.name == "mpirun",
             extra={"homes": dict(launcher.homes), "nproc_per_host": nproc,

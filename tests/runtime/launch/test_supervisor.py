@@ -91,6 +91,15 @@ def test_a_detached_job_writes_its_output_and_status_and_follow_ends_with_its_co
         assert stat.S_IMODE((job / name).stat().st_mode) == 0o600, name
 
 
+def test_a_secret_the_job_prints_is_masked_in_its_output_log(tmp_path):
+    job = tmp_path / "job"
+    start(job, sys.executable, "-c", "import os; print('it is', os.environ['SECRET'], 'ok')",
+          options=("--secrets", "env"), stdin=json.dumps({"SECRET": SECRET}) + "\n")
+    code, out, _ = follow(job)
+    assert code == 0 and out == b"it is *** ok\n"
+    assert SECRET.encode() not in (job / jobdir.OUTPUT).read_bytes()
+
+
 def test_secrets_reach_the_command_and_no_file_or_command_line(tmp_path):
     job = tmp_path / "job"
     said = start(job, sys.executable, "-c", "import os, time; print('has', os.environ['SECRET']"
