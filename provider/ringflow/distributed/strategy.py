@@ -189,6 +189,15 @@ class DistributedStrategy:
         derives, such as the sharding degree, applies only while it was not)."""
         return key in self._given[feature]
 
+    def _mp_degree(self) -> int | None:
+        """The tensor-parallel degree the strategy asks for (``tensor_parallel``, or
+        Paddle's hybrid form ``sharding_configs["mp_degree"]``), None when it asks none."""
+        if self.tensor_parallel:
+            return int(self._configs["tensor_parallel"]["tensor_parallel_degree"])
+        if self.sharding and self._was_given("sharding", "mp_degree"):
+            return int(self._configs["sharding"]["mp_degree"])
+        return None
+
     def _is_strict_auto(self) -> bool:
         """True when ``auto`` is on and no other option was ever set (Paddle's rule)."""
         return self._auto and not self._non_auto_set

@@ -156,6 +156,13 @@ class Operator:
         for names in self.outputs.values():
             names[:] = [new if n == old else n for n in names]
 
+    def _set_input(self, slot: str, names: list[str]) -> None:
+        """Paddle's ``desc.set_input``: slot ``slot`` reads ``names``."""
+        self.inputs[slot] = list(names)
+
+    def _set_output(self, slot: str, names: list[str]) -> None:
+        self.outputs[slot] = list(names)
+
     @property
     def attr_names(self) -> list[str]:
         return list(self.attrs)

@@ -8,12 +8,14 @@ from .graph_execution import GraphExecutionOptimizer
 from .lamb import LambOptimizer
 from .lars import LarsOptimizer
 from .recompute import RecomputeOptimizer
+from .sharding import ShardingOptimizer
 from .tensor_parallel import TensorParallelOptimizer
 
 META_OPTIMIZER_CLASSES = sorted(
     [AMPOptimizer, GraphExecutionOptimizer, LambOptimizer, LarsOptimizer, RecomputeOptimizer,
-     TensorParallelOptimizer],
+     ShardingOptimizer, TensorParallelOptimizer],
     key=lambda c: c.__name__)
 
 __all__ = ["META_OPTIMIZER_CLASSES", "AMPOptimizer", "GraphExecutionOptimizer", "LambOptimizer",
-           "LarsOptimizer", "MetaOptimizerBase", "RecomputeOptimizer", "TensorParallelOptimizer"]
+           "LarsOptimizer", "MetaOptimizerBase", "RecomputeOptimizer", "ShardingOptimizer",
+           "TensorParallelOptimizer"]
