@@ -2,14 +2,17 @@
 
 TensorParallelOptimizer all-reduces every parameter gradient on its own over the
 data-parallel ring (``c_sync_calc_stream``, ``c_allreduce_sum`` per gradient, one
-``c_sync_comm_stream`` before the optimizer). ``extract`` takes those ops out; ``place``
+``c_sync_comm_stream`` before the optimizer); ShardingOptimizer reduces each to the rank
+that owns its parameter instead (``c_reduce_sum`` with ``root_id``, owners in rank order
+along the gradients). ``extract`` takes those ops out; ``place``
 gathers the gradients, in the order they were all-reduced (backward order), into buckets of
 one dtype and at most ``fuse_grad_size_in_MB``. A bucket is one flat buffer whose views are
 the gradients' arrays, so the grad kernels write into it and nothing is copied in or out.
 Its launch step comes right after the last write of its last gradient, and all-reduces the
 buffer (on the ring's communication thread when it overlaps); its wait step comes before the
 first op that uses one of its gradients (the optimizer waits for exactly the buckets it
-reads), and ``c_sync_comm_stream`` waits for all of the ring's buckets.
+reads), and ``c_sync_comm_stream`` waits for all of the ring's buckets. A bucket of
+reductions is one ``reduce_scatter_v`` of its buffer: each owner's gradients are one range.
 
 Sums of two ranks are bitwise those of per-gradient all-reduces (a + b == b + a); with more
 ranks the order of a chunk's additions depends on where the chunk falls in the buffer, so
@@ -23,6 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..distributed.shard_layout import shard_bounds
 from ..framework.program import Operator
 from ..framework.roles import OP_ROLE_KEY, OpRole
 from .build_strategy import BuildStrategy
@@ -30,23 +34,30 @@ from .comm_stream import CommStream, Handle
 from .plan import Step
 
 _SYNC_CALC, _ALLREDUCE, _SYNC_COMM = "c_sync_calc_stream", "c_allreduce_sum", "c_sync_comm_stream"
+_REDUCE = "c_reduce_sum"
+ALL = -1   # the root of a gradient that every rank gets (all-reduced)
 
 
 @dataclass
 class Pending:
-    """What ``extract`` took out: per ring, (gradient, program index of its all-reduce)."""
+    """What ``extract`` took out: per ring, (gradient, program index of its collective, the
+    rank it is reduced to or ALL)."""
 
-    grads: dict[int, list[tuple[str, int]]] = field(default_factory=dict)
+    grads: dict[int, list[tuple[str, int, int]]] = field(default_factory=dict)
 
 
 def _is_grad_allreduce(op: Operator, block) -> bool:
-    if op.type != _ALLREDUCE or op.input("X") != op.output("Out"):
+    if op.type not in (_ALLREDUCE, _REDUCE) or op.input("X") != op.output("Out"):
         return False
     if not int(op.attr(OP_ROLE_KEY) or 0) & OpRole.Backward:
         return False
     name = op.input("X")[0]
     param = block._find_var_recursive(name[:-len("@GRAD")]) if name.endswith("@GRAD") else None
     return param is not None and getattr(param, "trainable", False)
+
+
+def _root(op: Operator) -> int:
+    return int(op.attr("root_id")) if op.type == _REDUCE else ALL
 
 
 def extract(steps: list[Step]) -> tuple[list[Step], Pending | None]:
@@ -59,7 +70,8 @@ def extract(steps: list[Step]) -> tuple[list[Step], Pending | None]:
     for step in steps:
         if _is_grad_allreduce(step.op, block):
             ring = int(step.op.attr("ring_id"))
-            pending.grads.setdefault(ring, []).append((step.op.input("X")[0], step.index))
+            pending.grads.setdefault(ring, []).append((step.op.input("X")[0], step.index,
+                                                       _root(step.op)))
             grads.add(step.op.input("X")[0])
     if not grads:
         return steps, None
@@ -89,21 +101,21 @@ def place(steps: list[Step], pending: Pending, block,
     return [s for _, s in ordered], buckets
 
 
-def _buckets(steps: list[Step], block, ring: int, grads: list[tuple[str, int]],
+def _buckets(steps: list[Step], block, ring: int, grads: list[tuple[str, int, int]],
              strategy: BuildStrategy) -> list[Bucket]:
     made: list[Bucket] = []
     current: Bucket | None = None
-    for name, ar_index in grads:
+    for name, ar_index, root in grads:
         var = block._find_var_recursive(name)
         shape, dtype = tuple(int(d) for d in var.shape), np.dtype(var.dtype)
         writer = _last_writer_before(steps, name, ar_index)
         user = _first_use_after(steps, name, ar_index)
         nbytes = int(np.prod(shape)) * dtype.itemsize
         if current is None or not current.takes(dtype, nbytes, writer, user,
-                                                strategy.bucket_bytes):
+                                                strategy.bucket_bytes, root):
             current = Bucket(ring, len(made), strategy.overlap_comm)
             made.append(current)
-        current.add(name, shape, dtype, writer, user)
+        current.add(name, shape, dtype, writer, user, root)
     return made
 
 
@@ -126,11 +138,13 @@ def _first_use_after(steps: list[Step], name: str, index: int) -> int:
 
 
 class Bucket:
-    """Gradients of one ring and dtype all-reduced as one flat buffer."""
+    """Gradients of one ring and dtype all-reduced (or reduce-scattered to their owners,
+    ``roots``) as one flat buffer."""
 
     def __init__(self, ring_id: int, number: int, overlap: bool | None) -> None:
         self.ring_id, self.number, self.overlap = ring_id, number, overlap
         self.names: list[str] = []
+        self.roots: list[int] = []
         self.shapes: list[tuple[int, ...]] = []
         self.dtype: np.dtype | None = None
         self.nbytes = 0
@@ -140,14 +154,19 @@ class Bucket:
         self._buffers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._inflight: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
-    def takes(self, dtype: np.dtype, nbytes: int, writer: int, user: int, limit: int) -> bool:
-        """Whether one more gradient fits: same dtype, within the size, and its write
-        comes before every use of the gradients already in (the launch precedes them)."""
+    def takes(self, dtype: np.dtype, nbytes: int, writer: int, user: int, limit: int,
+              root: int = ALL) -> bool:
+        """Whether one more gradient fits: same dtype, within the size, its write comes
+        before every use of the gradients already in (the launch precedes them), and it is
+        all-reduced like them or reduced to the same or a later rank."""
+        last = self.roots[-1] if self.roots else root
         return (dtype == self.dtype and self.nbytes + nbytes <= limit
-                and writer < self.wait_before and user > self.launch_after)
+                and writer < self.wait_before and user > self.launch_after
+                and (root == ALL) == (last == ALL) and root >= last)
 
     def add(self, name: str, shape: tuple[int, ...], dtype: np.dtype, writer: int,
-            user: int) -> None:
+            user: int, root: int = ALL) -> None:
+        self.roots.append(root)
         self.names.append(name)
         self.shapes.append(shape)
         self.dtype = dtype
@@ -160,8 +179,19 @@ class Bucket:
                 f"{self.nbytes} bytes {self.dtype})")
 
     # steps ---------------------------------------------------------------------------------
+    @property
+    def scatters(self) -> bool:
+        """Whether each gradient goes to its owner (a reduce-scatter) rather than to all."""
+        return bool(self.roots) and self.roots[0] != ALL
+
+    def bounds(self, nranks: int) -> list[int]:
+        """Where each ring rank's gradients start in the buffer (and the end)."""
+        sizes = [int(np.prod(s)) for s in self.shapes]
+        return shard_bounds(sizes, self.roots, nranks)
+
     def launch_step(self, block) -> Step:
-        op = Operator(block, "bucket_allreduce", {"X": list(self.names)},
+        kind = "bucket_reduce_scatter" if self.scatters else "bucket_allreduce"
+        op = Operator(block, kind, {"X": list(self.names)},
                       {"Out": list(self.names)},
                       {"ring_id": self.ring_id, "bucket": self.number, "nbytes": self.nbytes,
                        OP_ROLE_KEY: int(OpRole.Backward)})
@@ -181,14 +211,15 @@ class Bucket:
         flat = self._bind(ctx)
         comm = get_ring(self.ring_id)
         overlap = self.overlap if self.overlap is not None else comm.transport != "shm"
+        run, args = (comm.reduce_scatter_v, (flat, self.bounds(comm.nranks))) \
+            if self.scatters else (comm.all_reduce, (flat,))
         if not overlap:
-            comm.all_reduce(flat)
+            run(*args)
             return
         stream = ctx.executor.comm_stream(self.ring_id)
-        what = f"rank {comm.rank}: all-reduce of gradient bucket {self.number} on ring " \
-               f"{self.ring_id}"
-        self._inflight[ctx.scope] = stream.submit(what, comm.settings.comm_timeout,
-                                                  comm.all_reduce, flat)
+        what = f"rank {comm.rank}: {'reduce-scatter' if self.scatters else 'all-reduce'} of " \
+               f"gradient bucket {self.number} on ring {self.ring_id}"
+        self._inflight[ctx.scope] = stream.submit(what, comm.settings.comm_timeout, run, *args)
 
     def wait(self, ctx) -> None:
         self.wait_scope(ctx.scope)

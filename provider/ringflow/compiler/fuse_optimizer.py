@@ -149,6 +149,9 @@ class FusedUpdate:
         if flat is None or not flat.fits(ctx):
             flat = store[self.key] = _Flat(ctx, self)
         for slot, names in self.state.items():
+            current = [values.get(n) for n in names]
+            if any(a is not v for a, v in zip(current, flat.views[slot])):
+                flat.adopt(ctx, slot, names, current)
             for name, view in zip(names, flat.views[slot]):
                 current = values.get(name)
                 if current is not view:
@@ -278,6 +281,20 @@ class _Flat:
                                 for i in range(len(names))]
         self._grads: list[np.ndarray] = []
         self._spans: list[tuple[int, int, np.ndarray]] = []
+
+    def adopt(self, ctx, slot: str, names: list[str], arrays: list) -> None:
+        """Makes ``arrays`` (the scope's, one per variable of ``slot``) the slot's storage
+        when the executor owns them and they lie end to end in ``order`` already (sharding's
+        gathered parameters: compiler/param_gather.py), so neither side copies each step."""
+        ordered = [arrays[i] for i in self.order]
+        if any(a is None or a.dtype != self.dtype or a.shape != self.shapes[i]
+               or not ctx.executor.owns(names[i], a) for i, a in enumerate(arrays)):
+            return
+        if not all(_follows(a, b) for a, b in zip(ordered, ordered[1:])) \
+                or not ordered[0].flags.c_contiguous:
+            return
+        self.buffers[slot] = _joined(ordered)
+        self.views[slot] = list(arrays)
 
     def fits(self, ctx) -> bool:
         """Whether the parameters still have the shapes and dtype laid out."""

@@ -1,8 +1,9 @@
 """A prepared program: the steps the executor runs, each an op (the program's own, or one
-that stands for several of them) and its kernel. ``prepare`` builds it in four named passes:
+that stands for several of them) and its kernel. ``prepare`` builds it in five named passes:
 take the gradient all-reduces out (``buckets.extract``), fuse GEMM epilogues
 (``fuse_gemm.fuse``), put the buckets back as launch and wait steps (``buckets.place``),
-fuse the update ops (``fuse_optimizer.fuse``)."""
+fuse the update ops (``fuse_optimizer.fuse``), gather sharded parameters in one step
+(``param_gather.fuse``)."""
 
 from __future__ import annotations
 
@@ -68,7 +69,7 @@ def program_steps(program: Program) -> list[Step]:
 def prepare(program: Program, strategy: BuildStrategy, keep: Iterable[str] = ()) -> Plan:
     """The plan ``program`` runs as under ``strategy``; variables in ``keep`` (a run's
     fetch targets) are never fused away."""
-    from . import buckets, fuse_gemm, fuse_optimizer
+    from . import buckets, fuse_gemm, fuse_optimizer, param_gather
 
     keep = frozenset(keep)
     steps = program_steps(program)
@@ -83,6 +84,8 @@ def prepare(program: Program, strategy: BuildStrategy, keep: Iterable[str] = ())
         steps, made = buckets.place(steps, pending, program.global_block(), strategy)
     if strategy.fuse_all_optimizer_ops:
         steps = fuse_optimizer.fuse(steps, program.global_block())
+    if strategy.fuse_all_reduce_ops:
+        steps = param_gather.fuse(steps, program.global_block())
     return Plan(steps, hidden, made)
 
 

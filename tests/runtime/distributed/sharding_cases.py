@@ -22,7 +22,18 @@ META_CONFIGS = [(2, 1, 2, 1), (4, 2, 1, 2)]
 @dataclass(frozen=True)
 class ShardCase(Case):
     """A tp_cases.Case trained with sharding of ``stage`` (0: none) and ``mp`` ranks of
-    tensor parallelism, in Paddle's hybrid form when ``hybrid``."""
+    tensor parallelism, in Paddle's hybrid form when ``hybrid``; ``unfused``: run as the
+    program says (each reduce and broadcast an op, no buckets, no fused updates)."""
+
+    unfused: bool = False
+
+    @property
+    def key(self) -> str:
+        return super().key + ("-unfused" if self.unfused else "")
+
+    def build_strategy(self):
+        return rf.BuildStrategy(fuse_all_reduce_ops=False, fuse_all_optimizer_ops=False) \
+            if self.unfused else None
 
     def sharded_strategy(self, model: rf.models.BuiltModel, mp: int, stage: int,
                          hybrid: bool = False):
@@ -48,7 +59,8 @@ CASES = [ShardCase("mlp", "adam", "float64"), ShardCase("mlp", "adamw-clip", "fl
 META_CASES = [ShardCase("mlp", "adam", "float64", "lamb"),
               ShardCase("mlp", "momentum", "float64", "lars"),
               ShardCase("transformer", "adam", "float64", "recompute"),
-              ShardCase("mlp", "sgd", "float32", "amp")]
+              ShardCase("mlp", "sgd", "float32", "amp"),
+              ShardCase("mlp", "adamw-clip", "float64", unfused=True)]
 
 
 def distributed(case: ShardCase, mp: int, stage: int):

@@ -42,9 +42,11 @@ def train(case, mp: int, stage: int, out: dict) -> None:
     dp = fleet.worker_num() // mp
     mine = rows(fleet.worker_index() // mp, dp)
     losses = []
+    program = main if case.build_strategy() is None \
+        else rf.CompiledProgram(main, case.build_strategy())
     for step in range(STEPS):
         batch = model.make_batch(SEED, step, GLOBAL_BATCH)
-        loss, = exe.run(main, feed={k: v[mine] for k, v in batch.items()},
+        loss, = exe.run(program, feed={k: v[mine] for k, v in batch.items()},
                         fetch_list=[model.loss], scope=scope)
         get_ring(1 if stage else 0).all_reduce(loss)   # the global batch's loss
         losses.append(float(loss.reshape(-1)[0]) / dp)
