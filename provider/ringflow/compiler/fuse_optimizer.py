@@ -28,6 +28,7 @@ hands out a new array) are read where they are, a span of their own.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -290,7 +291,7 @@ class _Flat:
         if any(a is None or a.dtype != self.dtype or a.shape != self.shapes[i]
                or not ctx.executor.owns(names[i], a) for i, a in enumerate(arrays)):
             return
-        if not all(_follows(a, b) for a, b in zip(ordered, ordered[1:])) \
+        if not all(_follows(a, b) for a, b in itertools.pairwise(ordered)) \
                 or not ordered[0].flags.c_contiguous:
             return
         self.buffers[slot] = _joined(ordered)
