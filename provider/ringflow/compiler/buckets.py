@@ -22,6 +22,7 @@ the results agree within rounding (and stay bitwise equal across ranks).
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -29,6 +30,7 @@ import numpy as np
 from ..distributed.shard_layout import shard_bounds
 from ..framework.program import Operator
 from ..framework.roles import OP_ROLE_KEY, OpRole
+from . import grad_shards
 from .build_strategy import BuildStrategy
 from .comm_stream import CommStream, Handle
 from .plan import Step
@@ -44,6 +46,7 @@ class Pending:
     rank it is reduced to or ALL)."""
 
     grads: dict[int, list[tuple[str, int, int]]] = field(default_factory=dict)
+    stage: dict[int, int] = field(default_factory=dict)   # sharding stage per ring
 
 
 def _is_grad_allreduce(op: Operator, block) -> bool:
@@ -72,6 +75,7 @@ def extract(steps: list[Step]) -> tuple[list[Step], Pending | None]:
             ring = int(step.op.attr("ring_id"))
             pending.grads.setdefault(ring, []).append((step.op.input("X")[0], step.index,
                                                        _root(step.op)))
+            pending.stage[ring] = int(step.op.attr("sharding_stage") or 0)
             grads.add(step.op.input("X")[0])
     if not grads:
         return steps, None
@@ -87,9 +91,14 @@ def place(steps: list[Step], pending: Pending, block,
     buckets: list[Bucket] = []
     for ring, grads in pending.grads.items():
         for bucket in _buckets(steps, block, ring, grads, strategy):
+            bucket.stage = pending.stage.get(ring, 0)
             buckets.append(bucket)
             inserts.append((bucket.launch_after + 0.5, bucket.launch_step(block)))
             inserts.append((bucket.wait_before - 0.5, bucket.wait_step(block)))
+    grad_shards.assign_pools(buckets, lambda name: _first_write(steps, name))
+    for bucket in buckets:   # a staging buffer is written again only once it is reduced
+        if bucket.reuse_after is not None:
+            inserts.append((bucket.first_write - 0.5, bucket.reuse_after.wait_step(block)))
     out = [(float(pos), s) for pos, s in enumerate(steps) if s.op.type != _SYNC_COMM]
     for pos, step in enumerate(steps):
         if step.op.type == _SYNC_COMM:
@@ -127,6 +136,11 @@ def _last_writer_before(steps: list[Step], name: str, index: int) -> int:
     return found
 
 
+def _first_write(steps: list[Step], name: str) -> int:
+    return next((pos for pos, s in enumerate(steps) if name in s.op.output_arg_names),
+                len(steps))
+
+
 def _first_use_after(steps: list[Step], name: str, index: int) -> int:
     """The first step after the all-reduce that reads or writes the gradient; not a
     c_sync_comm_stream, which becomes a wait for every bucket of its ring anyway."""
@@ -150,6 +164,9 @@ class Bucket:
         self.nbytes = 0
         self.launch_after = -1             # step position of the last gradient write
         self.wait_before = 1 << 62         # step position of the first use of a gradient
+        # sharding stage 2 (grad_shards.py): a staging buffer shared with ``reuse_after``
+        self.stage, self.pool, self.slot, self.reuse_after = 0, None, 0, None
+        self.first_write, self.shard = 0, None
         # per scope: the flat buffer and its views; the job in flight
         self._buffers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._inflight: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -213,21 +230,28 @@ class Bucket:
         overlap = self.overlap if self.overlap is not None else comm.transport != "shm"
         run, args = (comm.reduce_scatter_v, (flat, self.bounds(comm.nranks))) \
             if self.scatters else (comm.all_reduce, (flat,))
+        after = None if self.shard is None else self.shard.keeper(
+            ctx, flat, self.names, self.roots, self.shapes, comm.rank)
         if not overlap:
             run(*args)
+            if after is not None:
+                after()
             return
         stream = ctx.executor.comm_stream(self.ring_id)
         what = f"rank {comm.rank}: {'reduce-scatter' if self.scatters else 'all-reduce'} of " \
                f"gradient bucket {self.number} on ring {self.ring_id}"
-        self._inflight[ctx.scope] = stream.submit(what, comm.settings.comm_timeout, run, *args)
+        self._inflight[ctx.scope] = (stream.submit(what, comm.settings.comm_timeout, run, *args),
+                                     after)
 
     def wait(self, ctx) -> None:
         self.wait_scope(ctx.scope)
 
     def wait_scope(self, scope) -> None:
-        handle: Handle | None = self._inflight.pop(scope, None)
-        if handle is not None:
-            handle.wait()
+        job: tuple[Handle, Callable | None] | None = self._inflight.pop(scope, None)
+        if job is not None:
+            job[0].wait()
+            if job[1] is not None:
+                job[1]()
 
     def _bind(self, ctx) -> np.ndarray:
         """The scope's flat buffer, every gradient a view into it: a kernel that wrote its
@@ -239,8 +263,9 @@ class Bucket:
 
             # in the ring's shared memory when its ranks share a host, so a large bucket is
             # all-reduced where it lies (every rank binds its buckets in the same order)
-            flat = get_ring(self.ring_id).shared_array(
-                sum(int(np.prod(s)) for s in self.shapes), self.dtype)
+            comm, total = get_ring(self.ring_id), sum(int(np.prod(s)) for s in self.shapes)
+            flat = comm.shared_array(total, self.dtype) if self.pool is None \
+                else self.pool.buffer(ctx.scope, comm, self.slot)[:total]
             views, at = [], 0
             for shape in self.shapes:
                 size = int(np.prod(shape))

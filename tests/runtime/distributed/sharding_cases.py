@@ -22,18 +22,23 @@ META_CONFIGS = [(2, 1, 2, 1), (4, 2, 1, 2)]
 @dataclass(frozen=True)
 class ShardCase(Case):
     """A tp_cases.Case trained with sharding of ``stage`` (0: none) and ``mp`` ranks of
-    tensor parallelism, in Paddle's hybrid form when ``hybrid``; ``unfused``: run as the
-    program says (each reduce and broadcast an op, no buckets, no fused updates)."""
+    tensor parallelism, in Paddle's hybrid form when ``hybrid``. ``runs``: "unfused" runs
+    the program as it says (each reduce and broadcast an op, no buckets, no fused updates);
+    "tiny-buckets" makes a bucket of about every gradient (stage 2: buckets take turns in
+    two staging buffers)."""
 
-    unfused: bool = False
+    runs: str = ""
 
     @property
     def key(self) -> str:
-        return super().key + ("-unfused" if self.unfused else "")
+        return "-".join(p for p in (super().key, self.runs) if p)
 
     def build_strategy(self):
-        return rf.BuildStrategy(fuse_all_reduce_ops=False, fuse_all_optimizer_ops=False) \
-            if self.unfused else None
+        if self.runs == "unfused":
+            return rf.BuildStrategy(fuse_all_reduce_ops=False, fuse_all_optimizer_ops=False)
+        if self.runs == "tiny-buckets":
+            return rf.BuildStrategy(fuse_grad_size_in_MB=0.001)
+        return None
 
     def sharded_strategy(self, model: rf.models.BuiltModel, mp: int, stage: int,
                          hybrid: bool = False):
@@ -60,7 +65,8 @@ META_CASES = [ShardCase("mlp", "adam", "float64", "lamb"),
               ShardCase("mlp", "momentum", "float64", "lars"),
               ShardCase("transformer", "adam", "float64", "recompute"),
               ShardCase("mlp", "sgd", "float32", "amp"),
-              ShardCase("mlp", "adamw-clip", "float64", unfused=True)]
+              ShardCase("mlp", "adamw-clip", "float64", runs="unfused"),
+              ShardCase("transformer", "adamw-clip", "float64", runs="tiny-buckets")]
 
 
 def distributed(case: ShardCase, mp: int, stage: int):

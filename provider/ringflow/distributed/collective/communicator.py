@@ -110,11 +110,14 @@ class Communicator(Wiring):
         return _write_back(arr, work)
 
     def _shared_arrays(self, arr: np.ndarray) -> list[np.ndarray] | None:
-        """Every position's array when `arr` is (all of) this rank's ``shared_array``."""
+        """Every position's array when `arr` is this rank's ``shared_array`` or a leading
+        part of it (every rank passes the same part)."""
         arrays = self._shared.get(arr.ctypes.data)
-        if arrays is not None and arrays[self.pos].nbytes == arr.nbytes \
-                and arr.dtype == arrays[self.pos].dtype and arr.dtype in _FAST_DTYPES:
-            return arrays
+        if arrays is not None and arrays[self.pos].nbytes >= arr.nbytes \
+                and arr.dtype == arrays[self.pos].dtype and arr.dtype in _FAST_DTYPES \
+                and arr.ndim == 1 and arr.flags.c_contiguous:
+            return arrays if arrays[self.pos].size == arr.size else [
+                a[:arr.size] for a in arrays]
         return None
 
     def _fast_all_reduce(self, local: IntraHost, flat: np.ndarray, ufunc) -> None:
