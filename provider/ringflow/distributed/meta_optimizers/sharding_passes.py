@@ -24,10 +24,9 @@ from collections.abc import Sequence
 from ...framework.program import Block, Operator
 from ...framework.registry import get_op_def
 from ...framework.roles import OP_ROLE_KEY, OP_ROLE_VAR_KEY, OpRole, is_optimizer_op
+from ...ops.update_rules import RULES
 from ...optimizer.clip import DIST_SQ_PREFIX, REPL_SQ_PREFIX
 from .tp_passes import _grad_writers
-
-_NOT_STATE = ("Param", "Grad", "LearningRate")
 
 
 def reduced_grads(block: Block) -> list[tuple[Operator, str, str]]:
@@ -68,21 +67,25 @@ def prune_other_shards(main: Block, startup: Block, others: set[str],
     under AMP) and as the optimizer reads them. Returns the optimizer-state variables
     removed from both programs."""
     gone = set(others) | set(other_grads) | {
-        n for op in main.ops if all(s in op.input_names for s in _NOT_STATE)
-        and op.input("Param")[0] in others
-        for slot, names in op.inputs.items() if slot not in _NOT_STATE for n in names}
+        n for op in main.ops if op.type in RULES and op.input("Param")[0] in others
+        for n in _state_of(op)}
     removed_updates: list[Operator] = []
     for op in list(main.ops):
         if not is_optimizer_op(op):
             continue
         if _for_others(op, others) or _reads_only_gone(op, gone):
             gone.update(op.output_arg_names)
-            if all(s in op.input_names for s in _NOT_STATE):
+            if op.type in RULES:
                 removed_updates.append(op)
             main._remove_op(main.index_of(op))
         else:
             gone.update(_drop_gone_from_lists(main, op, gone))
     return _remove_state(main, startup, removed_updates)
+
+
+def _state_of(update: Operator) -> list[str]:
+    """The optimizer-state variables an update op reads (its rule's state slots)."""
+    return [n for slot in RULES[update.type].state_slots for n in update.input(slot)]
 
 
 def _for_others(op: Operator, others: set[str]) -> bool:
@@ -131,8 +134,7 @@ def _drop_gone_from_lists(block: Block, op: Operator, gone: set[str]) -> set[str
 def _remove_state(main: Block, startup: Block, updates: Sequence[Operator]) -> list[str]:
     """The persistable state of removed update ops that nothing else reads, out of the main
     program (variables) and the startup program (their initialising ops and variables)."""
-    state = {n for op in updates for slot, names in op.inputs.items()
-             if slot not in _NOT_STATE for n in names}
+    state = {n for op in updates for n in _state_of(op)}
     read = {n for op in main.ops for n in op.input_arg_names}
     removed = sorted(n for n in state if n not in read and main.has_var(n)
                      and main.var(n).persistable)
