@@ -117,6 +117,8 @@ def _mlp(rf, hidden: int, mp: int):
 
 def run_ringflow(shape: str) -> dict | None:
     """One rank of a ringflow row; rank 0 returns the record."""
+    import numpy as np
+
     import ringflow as rf
     from ringflow.distributed import fleet
 
@@ -127,7 +129,7 @@ def run_ringflow(shape: str) -> dict | None:
     exe, scope = rf.Executor(profile=True), rf.Scope()
     exe.run(startup, scope=scope)
     dp, dp_rank = world // mp, rank // mp
-    batch = SHAPES[shape][1]
+    batch = int(os.environ.get("BENCH_BATCH", SHAPES[shape][1]))   # the global batch
     full = make(0, 0, batch)
     feed = {k: v[dp_rank * batch // dp:(dp_rank + 1) * batch // dp] for k, v in full.items()}
     warmup, steps = STEPS[shape]
@@ -150,6 +152,7 @@ def run_ringflow(shape: str) -> dict | None:
         return None
     plan = exe.prepared(main, [loss])
     return {"step_ms": [1e3 * t for t in times], "buckets": len(plan.buckets),
+            "params": sum(int(np.prod(p.shape)) for p in main.all_parameters()),
             "state_mb": _state_bytes(main, scope) / 2 ** 20,
             "comm_ms": 1e3 * statistics.median(comm), "waited_ms": 1e3 * statistics.median(waited),
             "overlap": bool(exe._streams), "update_ms": 1e3 * statistics.median(update),
