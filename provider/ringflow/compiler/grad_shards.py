@@ -4,9 +4,10 @@ A rank needs all of a bucket's gradients only from their writes until the bucket
 reduce-scatter; afterwards only its own range. So the stage-2 buckets of one ring and dtype
 take turns in two staging buffers (``StagingPool``: bucket j writes into buffer j % 2, in
 the ring's shared memory on one host), and after the reduce-scatter this rank's range is
-copied into a buffer of its own (``GradShard``), where its gradients then are for the clip
-and the update. Gradient memory per rank: two buckets plus 1/n of the gradients, not all
-of them. A bucket whose writes could begin before the bucket two before it is reduced
+copied into a buffer of its own (``GradShard``) when a later bucket writes the staging
+buffer again, and its gradients then are there for the clip and the update. Gradient
+memory per rank: two buckets plus 1/n of the gradients, not all of them (a model of one or
+two buckets keeps its gradients in the staging buffers, as stage 1). A bucket whose writes could begin before the bucket two before it is reduced
 (a gradient accumulated over the backward pass) gets buffers of its own instead.
 """
 
@@ -85,5 +86,7 @@ def assign_pools(buckets: list, first_write: Callable[[str], int]) -> None:
             prev = last[j % 2]
             if prev is None or starts > prev.launch_after:
                 bucket.pool, bucket.slot, bucket.reuse_after = pool, j % 2, prev
-                bucket.first_write, bucket.shard = starts, GradShard()
+                bucket.first_write = starts
+                if prev is not None:   # its gradients must leave the buffer it reuses
+                    prev.shard = GradShard()
                 last[j % 2] = bucket
