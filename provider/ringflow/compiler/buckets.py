@@ -33,7 +33,7 @@ from ..framework.roles import OP_ROLE_KEY, OpRole
 from . import grad_shards
 from .build_strategy import BuildStrategy
 from .comm_stream import CommStream, Handle
-from .plan import Step
+from .steps import Step
 
 _SYNC_CALC, _ALLREDUCE, _SYNC_COMM = "c_sync_calc_stream", "c_allreduce_sum", "c_sync_comm_stream"
 _REDUCE = "c_reduce_sum"

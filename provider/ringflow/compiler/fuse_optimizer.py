@@ -35,7 +35,7 @@ import numpy as np
 from ..framework.program import Operator
 from ..framework.roles import OP_ROLE_VAR_KEY
 from ..ops.update_rules import RULES
-from .plan import Step
+from .steps import Step
 
 _WAIT = "bucket_wait"
 

@@ -5,10 +5,11 @@ reduce-scatter; afterwards only its own range. So the stage-2 buckets of one rin
 take turns in two staging buffers (``StagingPool``: bucket j writes into buffer j % 2, in
 the ring's shared memory on one host), and after the reduce-scatter this rank's range is
 copied into a buffer of its own (``GradShard``) when a later bucket writes the staging
-buffer again, and its gradients then are there for the clip and the update. Gradient
-memory per rank: two buckets plus 1/n of the gradients, not all of them (a model of one or
-two buckets keeps its gradients in the staging buffers, as stage 1). A bucket whose writes could begin before the bucket two before it is reduced
-(a gradient accumulated over the backward pass) gets buffers of its own instead.
+buffer again; its gradients then are there for the clip and the update. Gradient memory
+per rank: two buckets plus 1/n of the gradients, not all of them (a model of one or two
+buckets keeps its gradients in the staging buffers, as stage 1). A bucket whose writes
+could begin before the bucket two before it is reduced (a gradient accumulated over the
+backward pass) gets buffers of its own instead.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ import numpy as np
 from ..distributed.shard_layout import shard_bounds
 from ..framework.program import Operator
 from ..framework.roles import OP_ROLE_KEY, OpRole
-from .plan import Step
+from .steps import Step
 
 _BROADCAST = "broadcast"
 
