@@ -1,8 +1,8 @@
 """Memory of a sharded step (issue 19): per rank, the bytes of the arrays the executor holds
 after two training steps of train_parallel.py's models (float32, Adam), by what they hold:
-optimizer state (persistable arrays that are not parameters), gradients (the arrays the
-gradient variables are views of: buckets, stage 2's staging buffers and kept shards),
-parameters, and everything else (activations, kernel buffers). Counted as the recompute
+optimizer state (persistable arrays that are not parameters), parameter gradients (the
+arrays they are views of: buckets, stage 2's staging buffers and kept shards), parameters,
+and everything else (activations and their gradients, kernel buffers). Counted as the recompute
 table counts (tests/runtime/test_recompute.py's ``live_bytes``): every distinct base array
 the scope and the executor's own buffers hold, once.
 
@@ -45,7 +45,7 @@ def held_bytes(main, exe, scope) -> dict[str, int]:
         var = block.vars.get(name)
         if var is not None and var.persistable and name not in params:
             return "state"
-        if name.endswith("@GRAD"):
+        if name.endswith("@GRAD") and name[:-len("@GRAD")] in params:
             return "grads"
         return "params" if name in params else "other"
 
