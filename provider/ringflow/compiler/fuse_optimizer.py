@@ -132,7 +132,7 @@ class FusedUpdate:
         store = ctx.executor.flat_state(ctx.scope)
         flat = store.get(self.key)
         values = ctx.scope._vars
-        if flat is None or not flat.fits(ctx):
+        if flat is None or not flat.fits(ctx) or flat.params_moved(ctx, values, self.params):
             flat = store[self.key] = _Flat(ctx, self)
         for slot, names in self.state.items():
             current = [values.get(n) for n in names]
@@ -176,9 +176,13 @@ class _Flat:
                                      f"{arr.dtype}{list(arr.shape)}, its parameter "
                                      f"{fused.params[i]!r} {self.dtype}{list(shapes[i])}")
         grads = _coalesce(ctx, fused.grads)
-        roots: dict[int, int] = {}
-        rank = [roots.setdefault(id(_root(g)), len(roots)) for g in grads]
-        self.order = sorted(range(len(params)), key=lambda i: (rank[i], _address(grads[i])))
+        if _one_buffer(params):   # gathered parameters (sharding): the order they lie in
+            self.order = sorted(range(len(params)), key=lambda i: _address(params[i]))
+        else:
+            roots: dict[int, int] = {}
+            rank = [roots.setdefault(id(_root(g)), len(roots)) for g in grads]
+            self.order = sorted(range(len(params)),
+                                key=lambda i: (rank[i], _address(grads[i])))
         sizes = [int(np.prod(s)) for s in shapes]
         self.starts = [0]
         for i in self.order:
@@ -206,6 +210,14 @@ class _Flat:
             return
         self.buffers[slot] = _joined(ordered)
         self.views[slot] = list(arrays)
+
+    def params_moved(self, ctx, values, names: list[str]) -> bool:
+        """Whether the parameters now lie in one buffer of someone else's (sharding's
+        all-gather made them views of its own): then the layout follows theirs."""
+        current = [values.get(n) for n in names]
+        return any(a is not v for a, v in zip(current, self.views["Param"])) \
+            and _one_buffer(current) and all(ctx.executor.owns(n, a)
+                                             for n, a in zip(names, current))
 
     def fits(self, ctx) -> bool:
         """Whether the parameters still have the shapes and dtype laid out."""
@@ -242,6 +254,15 @@ class _Flat:
             lo = k
         self._grads, self._spans = grads, spans
         return spans
+
+
+def _one_buffer(arrays: list) -> bool:
+    """Whether ``arrays`` are views of one buffer that lie end to end in address order."""
+    if any(not isinstance(a, np.ndarray) for a in arrays) or len(arrays) < 2 \
+            or len({id(_root(a)) for a in arrays}) != 1 or arrays[0].base is None:
+        return False
+    ordered = sorted(arrays, key=_address)
+    return all(_follows(a, b) for a, b in itertools.pairwise(ordered))
 
 
 def _follows(a: np.ndarray, b: np.ndarray) -> bool:

@@ -122,6 +122,20 @@ def test_each_rank_holds_the_optimizer_state_of_its_own_parameters_only(
                 assert mine <= total / dp + slack, (case.key, mine, total)
 
 
+@pytest.mark.parametrize("config", [c for c in CONFIGS if c[2] > 0],
+                         ids=[f"world{c[0]}-mp{c[1]}-stage{c[2]}" for c in CONFIGS if c[2] > 0])
+def test_the_fused_update_updates_the_gathered_parameters_where_they_lie(parallel, config):
+    """Sharded, fused: the parameters are views of the all-gather's one buffer, and the
+    fused update steps' parameter storage is that buffer (no copy either way per step).
+    Not so for Lamb under tensor parallelism: its updates of sharded and of replicated
+    parameters differ (the mp ring_id), so two fused steps each hold their own storage."""
+    for rank in parallel(config):
+        for case in CASES:
+            if config[1] > 1 and case.optimizer == "lamb":
+                continue
+            assert rank[f"{case.key}|one_buffer"].tolist() is True, case.key
+
+
 SCALARS = {"learning_rate_0", "loss_scaling_0", "num_good_steps_0", "num_bad_steps_0"}
 
 

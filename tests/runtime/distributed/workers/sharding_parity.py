@@ -29,6 +29,21 @@ def state_arrays(main, scope) -> dict[str, int]:
             if v.persistable and v.name not in params and v.name in scope}
 
 
+def _root(a: np.ndarray) -> np.ndarray:
+    while isinstance(a.base, np.ndarray):
+        a = a.base
+    return a
+
+
+def shared_layout(exe, scope, params: list[str]) -> bool:
+    """Whether every parameter is a view of one buffer (the all-gather's) that the fused
+    update steps update where it lies (their parameter storage is that buffer)."""
+    roots = {id(_root(np.asarray(scope[n]))) for n in params}
+    flats = list(exe.flat_state(scope).values())
+    return len(roots) == 1 and all(
+        id(_root(f.buffers["Param"])) in roots for f in flats)
+
+
 def train(case, mp: int, stage: int, out: dict) -> None:
     main, startup, model = build_programs(case, mp, distributed(case, mp, stage))
     rf.verify(main)
@@ -51,6 +66,7 @@ def train(case, mp: int, stage: int, out: dict) -> None:
         get_ring(1 if stage else 0).all_reduce(loss)   # the global batch's loss
         losses.append(float(loss.reshape(-1)[0]) / dp)
     out[f"{case.key}|loss"] = np.array(losses)
+    out[f"{case.key}|one_buffer"] = np.array(shared_layout(exe, scope, params))
     state = state_arrays(main, scope)
     out[f"{case.key}|state_names"] = np.array(sorted(state), dtype=str)
     out[f"{case.key}|state_bytes"] = np.array([state[n] for n in sorted(state)], dtype=np.int64)
