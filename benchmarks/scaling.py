@@ -254,6 +254,8 @@ def plot(rows: list[dict], path: Path) -> None:
                     label=f"plain dp, {gbit} Gb/s")
             ax.plot(ranks, [r["sharded"]["efficiency"] for r in mine], "s-",
                     label=f"sharded, {gbit} Gb/s")
+            ax.plot(ranks, [r["sharded"]["two_level_efficiency"] for r in mine], "^:",
+                    label=f"sharded in two levels (not built), {gbit} Gb/s")
         ax.set_xscale("log", base=2)
         ax.set_xlabel("ranks (hosts x 8)")
         ax.set_ylabel("weak-scaling efficiency (model)")

@@ -160,6 +160,8 @@ def project(cal: Calibration, hosts: int, per_host: int, gbit: float, stage: int
     out["efficiency"] = one_rank / (out["step_ms"] / 1e3)
     if stage:
         out["two_level_comm_ms"] = 1e3 * two_level_halves(scaled, lay)
+        out["two_level_efficiency"] = one_rank / ((out["step_ms"] - out["comm_ms"]
+                                                   + out["two_level_comm_ms"]) / 1e3)
     return out
 
 

@@ -57,3 +57,19 @@ def test_a_sharded_job_resumes_bitwise_and_re_shards_to_other_dp_degrees(launche
             assert got == want, world                                 # bitwise
         else:
             np.testing.assert_allclose(got, want, rtol=1e-10, atol=0, err_msg=str(world))
+
+
+def test_a_sharded_job_with_tensor_parallelism_trains_the_unsharded_jobs_losses(launcher):
+    """tensor_parallel_degree 2 x sharding over the 2 data-parallel ranks: the losses of the
+    same job without sharding within float64 rounding (and the state re-shards)."""
+    spec = {**JOB, "model": "transformer", "tensor_parallel_degree": 2, "steps": 4,
+            "model_args": {"vocab_size": 32, "seq_len": 8, "hidden_size": 16,
+                           "num_heads": 4, "num_layers": 1, "ffn_size": 32}}
+    plain = run_job(launcher, spec, 4, "plain.json")
+    sharded = run_job(launcher, {**spec, "sharding_stage": 2}, 4, "sharded.json")
+    for out in (plain, sharded):
+        assert out.code == 0, out.stdout + out.stderr
+        assert sorted(out.losses) == [1, 2, 3, 4]
+    assert "sharding stage 2" in sharded.stdout
+    np.testing.assert_allclose([sharded.losses[s] for s in range(1, 5)],
+                               [plain.losses[s] for s in range(1, 5)], rtol=1e-10, atol=0)
