@@ -4,8 +4,9 @@
     step = compute + update + communication
 
 - compute: the forward and backward pass of one rank at its share of the global batch,
-  measured in one process at that batch and that rank's BLAS threads (``fb_ms``); ranks
-  that outnumber the cores they share stretch it by the oversubscription.
+  measured in one process at that batch and that rank's BLAS threads while as many copies
+  of it run beside it as the layout has ranks on the machine (``fb_ms``: so the caches,
+  the memory bus and, beyond the cores, the cores themselves are shared as in the layout).
 - update: Adam is bound by memory bandwidth, which the ranks of a machine share: the
   parameters updated at once on the machine times the per-element time of one process
   using the whole machine (``upd_ns``). Plain data parallelism updates every parameter on
@@ -60,16 +61,17 @@ class Calibration:
     shape: str
     params: int                                   # trainable parameters (float32)
     batch: int                                    # the global batch
-    fb_ms: dict[tuple[int, int], float]           # (per-rank batch, threads) -> ms
+    fb_ms: dict[tuple[int, int, int], float]      # (per-rank batch, threads, copies) -> ms
     upd_ns: float                                 # ns per parameter, one process, all cores
     links: dict[str, Link] = field(default_factory=dict)   # "shm", "tcp", "net"
     cores: int = 2
 
-    def compute(self, batch: int, threads: int) -> float:
-        """Forward + backward seconds at ``batch`` and ``threads`` (the nearest measured
-        thread count, batch scaled linearly from the nearest measured one)."""
+    def compute(self, batch: int, threads: int, copies: int) -> float:
+        """Forward + backward seconds at ``batch`` and ``threads`` with ``copies`` processes
+        at once (the nearest measured point; batch scaled linearly from it)."""
         known = sorted(self.fb_ms)
-        pick = min(known, key=lambda k: (abs(k[1] - threads), abs(math.log(k[0] / batch))))
+        pick = min(known, key=lambda k: (abs(k[1] - threads), abs(k[2] - copies),
+                                         abs(math.log(k[0] / batch))))
         return self.fb_ms[pick] / 1e3 * batch / pick[0]
 
 
@@ -96,8 +98,9 @@ def step_parts(cal: Calibration, lay: Layout) -> dict[str, float]:
     cores = cal.cores if shared else lay.cores_per_host
     ranks_on_cores = n if shared else lay.per_host
     threads = max(1, cores // ranks_on_cores)
-    over = max(1.0, ranks_on_cores * threads / cores)
-    compute = cal.compute(cal.batch // n, threads) * over
+    # a projected host's ranks each have a core, as two ranks here each have one
+    copies = n if shared else min(ranks_on_cores, cal.cores)
+    compute = cal.compute(cal.batch // n, threads, copies)
     per_rank = cal.params / n if lay.stage else cal.params
     update = per_rank * ranks_on_cores * cal.upd_ns * 1e-9 * (cal.cores / cores)
     return {"compute": compute, "update": update, "comm": comm_seconds(cal, lay)}
