@@ -225,9 +225,9 @@ class Bucket:
         from ..distributed.collective.registry import get_ring
 
         self.wait(ctx)  # a job of an earlier run that failed mid-way must not share the buffer
-        flat = self._bind(ctx)
         comm = get_ring(self.ring_id)
         overlap = self.overlap if self.overlap is not None else comm.transport != "shm"
+        flat = self._bind(ctx, comm, overlap)
         run, args = (comm.reduce_scatter_v, (flat, self.bounds(comm.nranks))) \
             if self.scatters else (comm.all_reduce, (flat,))
         after = None if self.shard is None else self.shard.keeper(
@@ -253,19 +253,17 @@ class Bucket:
             if job[1] is not None:
                 job[1]()
 
-    def _bind(self, ctx) -> np.ndarray:
+    def _bind(self, ctx, comm, overlap: bool) -> np.ndarray:
         """The scope's flat buffer, every gradient a view into it: a kernel that wrote its
         gradient elsewhere (the first run, or one that hands out another array) is copied
         in once, and the view becomes the array the executor reuses for that gradient."""
         buffers = self._buffers.get(ctx.scope)
         if buffers is None:
-            from ..distributed.collective.registry import get_ring
-
             # in the ring's shared memory when its ranks share a host, so a large bucket is
             # all-reduced where it lies (every rank binds its buckets in the same order)
-            comm, total = get_ring(self.ring_id), sum(int(np.prod(s)) for s in self.shapes)
+            total = sum(int(np.prod(s)) for s in self.shapes)
             flat = comm.shared_array(total, self.dtype) if self.pool is None \
-                else self.pool.buffer(ctx.scope, comm, self.slot)[:total]
+                else self.pool.buffer(ctx.scope, comm, self.slot if overlap else 0)[:total]
             views, at = [], 0
             for shape in self.shapes:
                 size = int(np.prod(shape))

@@ -2,13 +2,14 @@
 
 A rank needs all of a bucket's gradients only from their writes until the bucket's
 reduce-scatter; afterwards only its own range. So the stage-2 buckets of one ring and dtype
-take turns in two staging buffers (``StagingPool``: bucket j writes into buffer j % 2, in
-the ring's shared memory on one host), and after the reduce-scatter this rank's range is
-copied into a buffer of its own (``GradShard``) when a later bucket writes the staging
-buffer again; its gradients then are there for the clip and the update. Gradient memory
-per rank: two buckets plus 1/n of the gradients, not all of them (a model of one or two
-buckets keeps its gradients in the staging buffers, as stage 1). A bucket whose writes
-could begin before the bucket two before it is reduced (a gradient accumulated over the
+share staging buffers (``StagingPool``, in the ring's shared memory on one host): one when
+the buckets are reduced synchronously (shared memory, by default), two taking turns when
+they are reduced on the communication thread (TCP). After the reduce-scatter this rank's
+range is copied into a buffer of its own (``GradShard``) when a later bucket writes the
+staging buffer again; its gradients then are there for the clip and the update. Gradient
+memory per rank: one (or two) buckets plus 1/n of the gradients, not all of them (a model
+of one bucket keeps its gradients in the staging buffer, as stage 1). A bucket whose
+writes could begin before the bucket before it is reduced (a gradient accumulated over the
 backward pass) gets buffers of its own instead.
 """
 
@@ -71,9 +72,12 @@ class GradShard:
 
 
 def assign_pools(buckets: list, first_write: Callable[[str], int]) -> None:
-    """Gives the stage-2 reduce-scatter buckets of each (ring, dtype) their staging slot:
-    bucket j of them shares buffer j % 2 with bucket j - 2, if all of bucket j's writes
-    come after bucket j - 2 is launched (then a wait for j - 2 before them suffices)."""
+    """Gives the stage-2 reduce-scatter buckets of each (ring, dtype) their staging buffer.
+    Buckets reduced on the calling thread (synchronous) all share one buffer: a bucket is
+    reduced and its range kept before the next one's first write. Buckets reduced on the
+    communication thread take turns in two (slot k % 2 of the k-th pooled bucket; a wait for
+    the bucket two before goes ahead of a bucket's first write). A bucket joins the pool only
+    if its first write comes after the launch of the pooled buckets it would overwrite."""
     groups: dict[tuple, list] = {}
     for b in buckets:
         if b.scatters and b.stage == 2:
@@ -81,13 +85,14 @@ def assign_pools(buckets: list, first_write: Callable[[str], int]) -> None:
     for (ring, dtype), group in groups.items():
         pool = StagingPool(ring, dtype, max(sum(int(np.prod(s)) for s in b.shapes)
                                             for b in group))
-        last: list = [None, None]   # the bucket that used each buffer last
-        for j, bucket in enumerate(group):
+        pooled: list = []
+        for bucket in group:
             starts = min(first_write(n) for n in bucket.names)
-            prev = last[j % 2]
-            if prev is None or starts > prev.launch_after:
-                bucket.pool, bucket.slot, bucket.reuse_after = pool, j % 2, prev
-                bucket.first_write = starts
-                if prev is not None:   # its gradients must leave the buffer it reuses
-                    prev.shard = GradShard()
-                last[j % 2] = bucket
+            before = pooled[-2] if len(pooled) > 1 else None
+            if pooled and starts <= pooled[-1].launch_after:
+                continue
+            bucket.pool, bucket.slot, bucket.reuse_after = pool, len(pooled) % 2, before
+            bucket.first_write = starts
+            if pooled:   # the next pooled bucket writes where its gradients are
+                pooled[-1].shard = GradShard()
+            pooled.append(bucket)
