@@ -177,7 +177,10 @@ class Bucket:
         before every use of the gradients already in (the launch precedes them), and it is
         all-reduced like them or reduced to the same or a later rank."""
         last = self.roots[-1] if self.roots else root
-        return (dtype == self.dtype and self.nbytes + nbytes <= limit
+        # the gradients one step writes stay in one bucket, over the size if need be: a
+        # bucket then starts after the launch of the one before (stage 2 reuses buffers)
+        fits = self.nbytes + nbytes <= limit or (self.names and writer == self.launch_after)
+        return (dtype == self.dtype and bool(fits)
                 and writer < self.wait_before and user > self.launch_after
                 and (root == ALL) == (last == ALL) and root >= last)
 
