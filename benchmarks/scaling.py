@@ -21,6 +21,7 @@ the projection to benchmarks/scaling.png.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -198,8 +199,19 @@ def calibrations(records: list[dict]) -> dict[tuple[str, str], sm.Calibration]:
         upd = next(x["update_ms"] for x in records if x["kind"] == "fb" and
                    (x["shape"], x["python"], x["batch"], x["threads"]) == (*key, full, 2))
         cals[key] = sm.Calibration(r["shape"], r["params"], full, fbs,
-                                   upd * 1e6 / r["params"], links)
+                                   upd * 1e6 / r["params"], links, sizes=param_sizes(r["shape"]))
     return cals
+
+
+def param_sizes(shape: str) -> tuple[int, ...]:
+    """The MLP's parameter sizes in the order its gradients are reduced (the last layer
+    first, each layer's bias before its weight): what sharding cuts."""
+    hidden = tp.SHAPES[shape][0]
+    dims = [tp.ts.DIN] + [hidden] * tp.ts.NLAYERS + [tp.ts.NCLS]
+    sizes: list[int] = []
+    for a, b in reversed(list(itertools.pairwise(dims))):
+        sizes += [b, a * b]
+    return tuple(sizes)
 
 
 def validation(records: list[dict]) -> str:

@@ -40,18 +40,22 @@ class Link:
     alpha: float
     beta: float
 
-    def ring(self, n: int, nbytes: float, halves: int = 2) -> float:
-        """A ring all-reduce (halves=2) or one half of it (1) over n positions."""
+    def ring(self, n: int, nbytes: float, halves: int = 2, share: float | None = None) -> float:
+        """A ring all-reduce (halves=2) or one half of it (1) over n positions; ``share``:
+        the largest rank's part of the buffer (1/n when even), which every step waits for."""
         if n < 2:
             return 0.0
-        return halves * ((n - 1) * self.alpha + (n - 1) / n * nbytes / self.beta)
+        part = share if share is not None else 1.0 / n
+        return halves * ((n - 1) * self.alpha + (n - 1) * part * nbytes / self.beta)
 
-    def in_place(self, n: int, nbytes: float, halves: int = 2) -> float:
+    def in_place(self, n: int, nbytes: float, halves: int = 2,
+                 share: float | None = None) -> float:
         """The one-host algorithm on shared arrays: hand-offs, then the same bytes."""
         if n < 2:
             return 0.0
+        part = share if share is not None else 1.0 / n
         handoffs = 3 if halves == 2 else 2 * halves
-        return handoffs * self.alpha + halves * (n - 1) / n * nbytes / self.beta
+        return handoffs * self.alpha + halves * (n - 1) * part * nbytes / self.beta
 
 
 @dataclass(frozen=True)
@@ -65,6 +69,16 @@ class Calibration:
     upd_ns: float                                 # ns per parameter, one process, all cores
     links: dict[str, Link] = field(default_factory=dict)   # "shm", "tcp", "net"
     cores: int = 2
+    sizes: tuple[int, ...] = ()   # parameter sizes in reduction order (for the shards)
+
+    def share(self, n: int) -> float:
+        """The largest sharding rank's part of the parameters (ringflow's own layout rule:
+        whole parameters, contiguous runs, the largest part as small as it can be)."""
+        if not self.sizes or n < 2:
+            return 1.0 / max(n, 1)
+        from ringflow.distributed.shard_layout import min_max_shard
+
+        return min_max_shard(list(self.sizes), n) / sum(self.sizes)
 
     def compute(self, batch: int, threads: int, copies: int) -> float:
         """Forward + backward seconds at ``batch`` and ``threads`` with ``copies`` processes
@@ -101,7 +115,7 @@ def step_parts(cal: Calibration, lay: Layout) -> dict[str, float]:
     # a projected host's ranks each have a core, as two ranks here each have one
     copies = n if shared else min(ranks_on_cores, cal.cores)
     compute = cal.compute(cal.batch // n, threads, copies)
-    per_rank = cal.params / n if lay.stage else cal.params
+    per_rank = cal.params * cal.share(n) if lay.stage else cal.params
     update = per_rank * ranks_on_cores * cal.upd_ns * 1e-9 * (cal.cores / cores)
     return {"compute": compute, "update": update, "comm": comm_seconds(cal, lay)}
 
@@ -112,15 +126,16 @@ def comm_seconds(cal: Calibration, lay: Layout) -> float:
     if n == 1:
         return 0.0
     local = cal.links["shm"] if lay.link == "shm" else cal.links["tcp"]
+    share = cal.share(n)
     if lay.hosts == 1:
         if lay.link == "shm":
             return local.in_place(n, nbytes) if not lay.stage else \
-                local.in_place(n, nbytes, 1) * 2
-        return local.ring(n, nbytes, 2 if not lay.stage else 1) * (1 if not lay.stage else 2)
+                local.in_place(n, nbytes, 1, share) * 2
+        return local.ring(n, nbytes) if not lay.stage else local.ring(n, nbytes, 1, share) * 2
     net = cal.links["net"]
     if lay.stage:     # the flat host-major ring: each step waits for the slowest hop
         slow = Link(max(net.alpha, local.alpha), min(net.beta, local.beta))
-        return 2 * slow.ring(n, nbytes, 1)
+        return 2 * slow.ring(n, nbytes, 1, share)
     if lay.per_host == 1:
         return net.ring(lay.hosts, nbytes)
     shared_link = Link(net.alpha, net.beta / lay.per_host)
@@ -152,10 +167,11 @@ def project(cal: Calibration, hosts: int, per_host: int, gbit: float, stage: int
     n = hosts * per_host
     scaled = Calibration(cal.shape, cal.params, b * n, cal.fb_ms, cal.upd_ns,
                          {**cal.links, "net": Link(cal.links["tcp"].alpha + extra_alpha,
-                                                   gbit * 1e9 / 8)}, cal.cores)
+                                                   gbit * 1e9 / 8)}, cal.cores, cal.sizes)
     lay = Layout(hosts, per_host, stage, "shm", cores_per_host=per_host)
     parts = step_parts(scaled, lay)
-    alone = Calibration(cal.shape, cal.params, b, cal.fb_ms, cal.upd_ns, cal.links, cal.cores)
+    alone = Calibration(cal.shape, cal.params, b, cal.fb_ms, cal.upd_ns, cal.links, cal.cores,
+                        cal.sizes)
     one_rank = sum(step_parts(alone, Layout(1, 1, 0, cores_per_host=1)).values())
     out = {"compute_ms": 1e3 * parts["compute"], "update_ms": 1e3 * parts["update"],
            "comm_ms": 1e3 * parts["comm"], "step_ms": 1e3 * sum(parts.values())}
