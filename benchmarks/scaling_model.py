@@ -12,7 +12,9 @@
   using the whole machine (``upd_ns``). Plain data parallelism updates every parameter on
   every rank; sharding 1/n of them per rank.
 - communication: per collective, an alpha-beta cost with alpha (s per hand-off) and beta
-  (bytes/s per rank) of the transport it crosses (``links``), in the algorithm's form:
+  (bytes/s per rank) of the transport it crosses (``links``: shared memory, TCP on this
+  host, TCP between namespace hosts; shared memory with 4 ranks on the 2 cores apart, where a
+  hand-off waits for a descheduled peer), in the algorithm's form:
     ring over n positions: all-reduce 2(n-1) alpha + 2(n-1)/n S / beta, reduce-scatter and
     all-gather (n-1) alpha + (n-1)/n S / beta each;
     in place on one host (shared arrays): 3 hand-offs for the all-reduce, 2 for each half,
@@ -125,7 +127,10 @@ def comm_seconds(cal: Calibration, lay: Layout) -> float:
     n = lay.n
     if n == 1:
         return 0.0
-    local = cal.links["shm"] if lay.link == "shm" else cal.links["tcp"]
+    local = cal.links["tcp"] if lay.link == "tcp" else (
+        # more ranks than cores on one host: hand-offs as measured with that many ranks
+        cal.links.get(f"shm{n}", cal.links["shm"]) if lay.hosts == 1 and n > cal.cores
+        else cal.links["shm"])
     share = cal.share(n)
     if lay.hosts == 1:
         if lay.link == "shm":
@@ -148,8 +153,9 @@ def predict(cal: Calibration, lay: Layout) -> float:
 
 
 def two_level_halves(cal: Calibration, lay: Layout) -> float:
-    """What sharding's reduce-scatter + all-gather would cost in two levels (host in place,
-    then a ring of the hosts per local rank), which ringflow does not run yet."""
+    """What sharding's reduce-scatter + all-gather would cost with even parts (parameters
+    split where they must be) in two levels (host in place, then a ring of the hosts per
+    local rank): neither is built."""
     nbytes = 4.0 * cal.params
     net = cal.links["net"]
     shared_link = Link(net.alpha, net.beta / lay.per_host)
