@@ -88,6 +88,34 @@ def ringflow_inplace(sizes) -> None:
     dist.destroy_process_group()
 
 
+def ringflow_shard(sizes) -> None:
+    """all_reduce, reduce_scatter_v and all_gather_v (even parts) of the same buffers, plain
+    and (on one host) from comm.shared_array: the sharded step's halves against the whole.
+    busbw: all-reduce algbw * 2(n-1)/n, each half algbw * (n-1)/n (nccl-tests' rule)."""
+    dist, rank, n, agree_max = _ringflow_world()
+    comm = dist.get_ring(dist.get_group().id)
+    kinds = [("", lambda count: np.empty(count, np.float32))]
+    if comm.transport == "shm":
+        kinds.append(("-inplace", lambda count: comm.shared_array(count, "float32")))
+    for suffix, alloc in kinds:
+        for size in sizes:
+            buf = alloc(size // 4)
+            bounds = [size // 4 * r // n for r in range(n + 1)]
+            ops = {"all_reduce": (comm.all_reduce, 2),
+                   "reduce_scatter": (lambda b, bd=bounds: comm.reduce_scatter_v(b, bd), 1),
+                   "all_gather": (lambda b, bd=bounds: comm.all_gather_v(b, bd), 1)}
+            for name, (op, factor) in ops.items():
+                buf[:] = 0   # sums of zeros stay zero however often they repeat
+                t, k = timed(op, buf, dist.barrier, agree_max)
+                if rank == 0:
+                    algbw = size / t / 1e9
+                    print(json.dumps({"backend": f"ringflow-{comm.transport}{suffix}",
+                                      "op": name, "n": n, "size": size, "time_us": t * 1e6,
+                                      "algbw": algbw, "busbw": algbw * factor * (n - 1) / n,
+                                      "k": k}), flush=True)
+    dist.destroy_process_group()
+
+
 def gloo(sizes) -> None:
     import torch
     import torch.distributed as tdist
@@ -176,4 +204,5 @@ def tcpstream(sizes) -> None:
 if __name__ == "__main__":
     backend, sizes = sys.argv[1], [int(s) for s in sys.argv[2].split(",")]
     {"ringflow": ringflow, "ringflow-inplace": ringflow_inplace, "gloo": gloo, "mpi": mpi,
+     "ringflow-shard": ringflow_shard,
      "memcpy": memcpy, "tcpstream": tcpstream}[backend](sizes)

@@ -5,7 +5,10 @@ of train_step.py (A: 1024 -> 4 x 1024 -> 10, batch 256; B: 1024 -> 4 x 4096 -> 1
 - one process with 2 BLAS threads: ringflow, and the hand-written numpy floor (MLP only);
 - 2 ranks x 1 thread: ringflow dp=2 and mp=2, over shared memory and over TCP, and PyTorch
   DDP (gloo) dp=2 on the same MLP (the anchor; torch only in benchmarks/.venv-torch);
-- 4 ranks on the 2 cores (oversubscribed): ringflow dp=4 and mp=2 x dp=2.
+- 4 ranks on the 2 cores (oversubscribed): ringflow dp=4 and mp=2 x dp=2;
+- 2 ranks sharded (issue 19): ringflow dp=2 with fleet's sharding stage 1 and 2 (the
+  optimizer state, and the gradients, split over the ranks) beside PyTorch's
+  ``ZeroRedundancyOptimizer`` (its ZeRO stage 1) with DDP over gloo.
 
 The global batch is the same in every layout (data-parallel rank r takes its rows). Every
 run is its own job; rounds run every row once in a shuffled order after a lull; a run whose
@@ -36,7 +39,7 @@ import train_step as ts  # noqa: E402  (the floor, the torch venv, the load prob
 SHAPES = {"A": (1024, 256), "B": (4096, 64), "T": (256, 32)}   # hidden, global batch
 STEPS = {"A": (3, 12), "B": (2, 6), "T": (3, 12)}               # warm-up, timed
 GPT = dict(vocab_size=2048, seq_len=64, num_heads=8, num_layers=4)
-# row -> (kind, ranks, mp degree, transport)
+# row -> (kind, ranks, mp degree, transport[, sharding stage])
 ROWS = {
     "numpy-1p": ("numpy", 1, 1, None),
     "ringflow-1p": ("ringflow", 1, 1, None),
@@ -47,7 +50,12 @@ ROWS = {
     "torch-ddp-dp2": ("torch-ddp", 2, 1, None),
     "ringflow-dp4-shm": ("ringflow", 4, 1, "auto"),
     "ringflow-mp2dp2-shm": ("ringflow", 4, 2, "auto"),
+    "ringflow-dp2-zero1-shm": ("ringflow", 2, 1, "auto", 1),
+    "ringflow-dp2-zero2-shm": ("ringflow", 2, 1, "auto", 2),
+    "ringflow-dp2-zero1-tcp": ("ringflow", 2, 1, "tcp", 1),
+    "torch-zero-dp2": ("torch-zero", 2, 1, None),
 }
+COMM_STEPS = ("bucket_allreduce", "bucket_reduce_scatter")
 UPDATE_OPS = ("adam", "adamw", "lamb", "lars_momentum", "momentum", "sgd")
 FOUR_RANK_SHAPES = ("A", "T")   # B with 4 full replicas on 2 cores takes minutes a run
 QUIET = ts.QUIET
@@ -74,6 +82,10 @@ def ringflow_model(shape: str, mp: int):
             strategy = fleet.DistributedStrategy()
             strategy.tensor_parallel = True
             strategy.tensor_parallel_configs = {"tensor_parallel_degree": mp}
+            stage = int(os.environ.get("BENCH_SHARDING", "0"))
+            if stage:
+                strategy.sharding = True
+                strategy.sharding_configs = {"stage": stage}
             opt = fleet.distributed_optimizer(opt, strategy)
         opt.minimize(loss)
     return main, startup, loss, make
@@ -105,6 +117,8 @@ def _mlp(rf, hidden: int, mp: int):
 
 def run_ringflow(shape: str) -> dict | None:
     """One rank of a ringflow row; rank 0 returns the record."""
+    import numpy as np
+
     import ringflow as rf
     from ringflow.distributed import fleet
 
@@ -115,7 +129,7 @@ def run_ringflow(shape: str) -> dict | None:
     exe, scope = rf.Executor(profile=True), rf.Scope()
     exe.run(startup, scope=scope)
     dp, dp_rank = world // mp, rank // mp
-    batch = SHAPES[shape][1]
+    batch = int(os.environ.get("BENCH_BATCH", SHAPES[shape][1]))   # the global batch
     full = make(0, 0, batch)
     feed = {k: v[dp_rank * batch // dp:(dp_rank + 1) * batch // dp] for k, v in full.items()}
     warmup, steps = STEPS[shape]
@@ -129,7 +143,8 @@ def run_ringflow(shape: str) -> dict | None:
             times.append(time.perf_counter() - t0)
             stats = exe.profile_stats()
             comm.append(sum(s.busy_s for s in exe._streams.values()) - busy0
-                        + stats.get("bucket_allreduce", (0, 0.0))[1] * (not exe._streams))
+                        + sum(stats.get(t, (0, 0.0))[1] for t in COMM_STEPS)
+                        * (not exe._streams) + stats.get("param_allgather", (0, 0.0))[1])
             waited.append(sum(stats.get(t, (0, 0.0))[1]
                               for t in ("bucket_wait", "c_sync_comm_stream")))
             update.append(sum(stats.get(t, (0, 0.0))[1] for t in UPDATE_OPS))
@@ -137,11 +152,22 @@ def run_ringflow(shape: str) -> dict | None:
         return None
     plan = exe.prepared(main, [loss])
     return {"step_ms": [1e3 * t for t in times], "buckets": len(plan.buckets),
+            "params": sum(int(np.prod(p.shape)) for p in main.all_parameters()),
+            "state_mb": _state_bytes(main, scope) / 2 ** 20,
             "comm_ms": 1e3 * statistics.median(comm), "waited_ms": 1e3 * statistics.median(waited),
             "overlap": bool(exe._streams), "update_ms": 1e3 * statistics.median(update),
             "update_threads": os.environ.get("RINGFLOW_NUM_THREADS"),
             "blas_threads": os.environ.get("OPENBLAS_NUM_THREADS"),
             "blas_timeout": os.environ.get("OPENBLAS_THREAD_TIMEOUT")}
+
+
+def _state_bytes(main, scope) -> int:
+    """Optimizer state this rank holds: its persistable arrays that are not parameters."""
+    import numpy as np
+
+    params = {p.name for p in main.all_parameters()}
+    return sum(np.asarray(scope[v.name]).nbytes for v in main.global_block().vars.values()
+               if v.persistable and v.name not in params and v.name in scope)
 
 
 def run_numpy(shape: str) -> dict:
@@ -179,7 +205,13 @@ def run_torch_ddp(shape: str) -> dict | None:
     for a, b in itertools.pairwise(dims):
         layers += [torch.nn.Linear(a, b), torch.nn.ReLU()]
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Sequential(*layers[:-1]))
-    opt = torch.optim.Adam(model.parameters(), lr=ts.LR, betas=ts.BETAS, eps=ts.EPS)
+    if os.environ.get("BENCH_ZERO") == "1":     # ZeRO stage 1: the Adam state sharded
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam,
+                                      lr=ts.LR, betas=ts.BETAS, eps=ts.EPS)
+    else:
+        opt = torch.optim.Adam(model.parameters(), lr=ts.LR, betas=ts.BETAS, eps=ts.EPS)
     xn, yn = ts.make_batch(np, batch)
     rows = slice(rank * batch // world, (rank + 1) * batch // world)
     x, y = torch.from_numpy(xn[rows]), torch.from_numpy(yn[rows])
@@ -197,7 +229,8 @@ def run_torch_ddp(shape: str) -> dict | None:
 
 
 def worker(kind: str, shape: str) -> None:
-    rec = {"numpy": run_numpy, "ringflow": run_ringflow, "torch-ddp": run_torch_ddp}[kind](shape)
+    rec = {"numpy": run_numpy, "ringflow": run_ringflow, "torch-ddp": run_torch_ddp,
+           "torch-zero": run_torch_ddp}[kind](shape)
     if rec is not None:
         print("BENCH " + json.dumps(rec), flush=True)
 
@@ -210,13 +243,13 @@ def _free_port() -> int:
 
 
 def _commands(row: str, shape: str, torch_py: str | None) -> list[tuple[list[str], dict]]:
-    kind, ranks, mp, transport = ROWS[row]
+    kind, ranks, mp, transport = ROWS[row][:4]
     me = [str(Path(__file__).resolve()), "--worker", kind, "--shape", shape]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PADDLE_", "RINGFLOW_"))}
     if kind == "ringflow":
         # every ringflow row runs as users run it, under the launcher (one process too: its
         # threads, BLAS and update, are the launcher's defaults)
-        env.update(BENCH_MP=str(mp))
+        env.update(BENCH_MP=str(mp), BENCH_SHARDING=str((*ROWS[row], 0)[4]))
         if transport:
             env.update(RINGFLOW_TRANSPORT=transport)
         return [([sys.executable, "-m", "ringflow.launch", "--nproc-per-host", str(ranks),
@@ -224,10 +257,12 @@ def _commands(row: str, shape: str, torch_py: str | None) -> list[tuple[list[str
     threads = "2" if ranks == 1 else "1"
     for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         env[name] = threads
-    if kind == "torch-ddp":
+    if kind in ("torch-ddp", "torch-zero"):
         init = f"tcp://127.0.0.1:{_free_port()}"
+        zero = "1" if kind == "torch-zero" else "0"
         return [([torch_py, *me], {**env, "BENCH_RANK": str(r), "BENCH_WORLD": str(ranks),
-                                   "BENCH_INIT": init}) for r in range(ranks)]
+                                   "BENCH_INIT": init, "BENCH_ZERO": zero})
+                for r in range(ranks)]
     return [([sys.executable, *me], env)]
 
 
@@ -262,7 +297,7 @@ def cases(rows: list[str], shapes: list[str]) -> list[tuple[str, str]]:
     for row in rows:
         kind, ranks = ROWS[row][:2]
         for shape in shapes:
-            if (kind in ("numpy", "torch-ddp") and shape == "T") or (
+            if (kind in ("numpy", "torch-ddp", "torch-zero") and shape == "T") or (
                     ranks == 4 and shape not in FOUR_RANK_SHAPES):
                 continue
             out.append((row, shape))
@@ -290,7 +325,8 @@ def main() -> None:
         print(render(records))
         return None
     rows = args.rows.split(",")
-    torch_py = ts.ensure_torch_python(args.torch_python) if "torch-ddp-dp2" in rows else None
+    torch_py = ts.ensure_torch_python(args.torch_python) \
+        if {"torch-ddp-dp2", "torch-zero-dp2"} & set(rows) else None
     todo, records = cases(rows, args.shapes.split(",")), []
     out.parent.mkdir(parents=True, exist_ok=True)
     for r in range(args.rounds):
@@ -321,33 +357,39 @@ def render(records: list[dict]) -> str:
     groups: dict[tuple[str, str], list[dict]] = {}
     for r in records:
         groups.setdefault((r["shape"], r["row"]), []).append(r)
-    lines = ["| shape | row | ms/step | steps/s | vs ringflow-1p | vs torch DDP | update ms | "
-             "buckets | comm ms | hidden ms | quiet runs |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| shape | row | ms/step | steps/s | vs ringflow-1p | vs torch DDP | vs torch ZeRO "
+             "| update ms | state MB | buckets | comm ms | hidden ms | quiet runs |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for shape in SHAPES:
-        base = groups.get((shape, "ringflow-1p"))
-        ddp = groups.get((shape, "torch-ddp-dp2"))
+        refs = [groups.get((shape, r)) for r in ("ringflow-1p", "torch-ddp-dp2",
+                                                   "torch-zero-dp2")]
         for row in ROWS:
             recs = groups.get((shape, row))
             if not recs:
                 continue
             ms, nq, n = _median_ms(recs)
-            vs1 = f"{_median_ms(base)[0] / ms:.2f}x" if base else ""
-            vsd = f"{_median_ms(ddp)[0] / ms:.2f}x" if ddp else ""
-            use = [r for r in recs if r["foreign"] < QUIET] or recs
-            comm = hidden = buckets = update = ""
-            if "update_ms" in use[0]:
-                update = f"{statistics.median(r['update_ms'] for r in use):.1f}"
-            if "buckets" in use[0] and ROWS[row][1] // ROWS[row][2] > 1:
-                buckets = str(use[0]["buckets"])
-                c = statistics.median(r["comm_ms"] for r in use)
-                w = statistics.median(r["waited_ms"] for r in use)
-                comm = f"{c:.1f}"
-                hidden = f"{max(c - w, 0.0):.1f}" if use[0].get("overlap") else "0 (sync)"
+            ratios = [f"{_median_ms(ref)[0] / ms:.2f}x" if ref else "" for ref in refs]
             lines.append(f"| {shape} | {row} | {ms:.1f}{'' if nq else '*'} | {1e3 / ms:.2f} | "
-                         f"{vs1} | {vsd} | {update} | {buckets} | {comm} | {hidden} | "
-                         f"{nq}/{n} |")
+                         + " | ".join(ratios) + " | " + " | ".join(_extras(row, recs))
+                         + f" | {nq}/{n} |")
     return "\n".join(lines) + "\n"
+
+
+def _extras(row: str, recs: list[dict]) -> list[str]:
+    """update ms, state MB, buckets, comm ms, hidden ms of a ringflow row (else blanks)."""
+    use = [r for r in recs if r["foreign"] < QUIET] or recs
+    comm = hidden = buckets = update = state = ""
+    if "update_ms" in use[0]:
+        update = f"{statistics.median(r['update_ms'] for r in use):.1f}"
+    if "state_mb" in use[0]:
+        state = f"{use[0]['state_mb']:.1f}"
+    if "buckets" in use[0] and ROWS[row][1] // ROWS[row][2] > 1:
+        buckets = str(use[0]["buckets"])
+        c = statistics.median(r["comm_ms"] for r in use)
+        w = statistics.median(r["waited_ms"] for r in use)
+        comm = f"{c:.1f}"
+        hidden = f"{max(c - w, 0.0):.1f}" if use[0].get("overlap") else "0 (sync)"
+    return [update, state, buckets, comm, hidden]
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import time
 import weakref
-import zlib
 from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -154,11 +153,6 @@ class KernelContext:
         where = seed if seed else 1 << 32 | self.index
         key = [program.random_seed, where, step]
         return np.random.default_rng([int(k) & 0xFFFFFFFFFFFF for k in key])
-
-
-def stable_seed(*parts: Any) -> int:
-    """A 32-bit seed from strings and ints that is the same in every process and run."""
-    return zlib.crc32("/".join(map(str, parts)).encode()) & 0x7FFFFFFF
 
 
 def _check_finite(ctx: KernelContext) -> None:

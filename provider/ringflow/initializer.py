@@ -13,8 +13,8 @@ import math
 import numpy as np
 
 from .errors import ProgramError
-from .executor import stable_seed
 from .framework.program import Block, Operator, Variable
+from .seeds import stable_seed
 
 __all__ = ["Constant", "Initializer", "Normal", "Uniform", "XavierNormal", "XavierUniform"]
 

@@ -120,21 +120,34 @@ def load(program: Program, path: str | os.PathLike, scope: Scope | None = None) 
     scope) from the file ``save`` wrote. All or nothing: a variable missing from the file,
     or stored with another shape or dtype than the program declares, is an error naming
     it, and then no variable is changed. Extra variables in the file are ignored."""
+    load_merged(program, [path], scope)
+
+
+def load_merged(program: Program, paths: list, scope: Scope | None = None) -> None:
+    """``load`` from several files, each variable from the first file that holds it (the
+    shards of a sharded job, whose ranks each saved their part of the optimizer state)."""
     scope = scope if scope is not None else global_scope()
-    target = checkpoint_path(path)
-    if not os.path.exists(target):
-        raise ExecutionError(f"load: no checkpoint file {target!r}")
-    values = {}
-    with np.load(target, allow_pickle=False) as data:
-        stored = set(data.files)
-        for v in _persistables(program):
-            if v.name not in stored:
-                shown = ", ".join(sorted(stored)[:8]) + (", ..." if len(stored) > 8 else "")
-                raise ExecutionError(f"load {target!r}: the file has no variable {v.name!r} "
-                                     f"(it has {len(stored)}: {shown})")
-            arr = data[v.name]
-            _check_like(target, v, arr)
-            values[v.name] = arr
+    targets = [checkpoint_path(p) for p in paths]
+    for target in targets:
+        if not os.path.exists(target):
+            raise ExecutionError(f"load: no checkpoint file {target!r}")
+    values: dict[str, np.ndarray] = {}
+    wanted = _persistables(program)
+    stored: set[str] = set()
+    for target in targets:
+        with np.load(target, allow_pickle=False) as data:
+            stored.update(data.files)
+            for v in wanted:
+                if v.name not in values and v.name in data.files:
+                    arr = data[v.name]
+                    _check_like(target, v, arr)
+                    values[v.name] = arr
+    for v in wanted:
+        if v.name not in values:
+            shown = ", ".join(sorted(stored)[:8]) + (", ..." if len(stored) > 8 else "")
+            where = targets[0] if len(targets) == 1 else f"{len(targets)} files {targets}"
+            raise ExecutionError(f"load {where!r}: the file has no variable {v.name!r} "
+                                 f"(it has {len(stored)}: {shown})")
     for name, arr in values.items():
         scope[name] = arr
 

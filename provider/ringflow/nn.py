@@ -13,10 +13,10 @@ from typing import Any
 import numpy as np
 
 from .errors import ProgramError
-from .executor import stable_seed
 from .framework.layer_helper import create_parameter
 from .framework.program import Variable, default_main_program
 from .initializer import Constant
+from .seeds import stable_seed
 
 __all__ = [
     "add", "cast", "concat", "cross_entropy", "divide", "dropout", "embedding", "exp", "fc",

@@ -24,17 +24,17 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from .backward import (
-    _Accumulator,
-    _append_descs,
-    _check_loss,
-    _grad_descs,
-    _mark_op_role_vars,
-    _no_grad_names,
-    _ops_on_path,
-    _parameters,
-    _producer_index,
-    _requiring_grad,
+from .autodiff import (
+    Accumulator,
+    append_descs,
+    check_loss,
+    grad_descs,
+    mark_op_role_vars,
+    no_grad_names,
+    ops_on_path,
+    producer_index,
+    requiring_grad,
+    trainable_parameters,
 )
 from .errors import ConfigError
 from .framework.program import Block, Operator, Variable
@@ -141,15 +141,15 @@ def _recompute_descs(block: Block, ops: Sequence[Operator], spans: list[tuple[in
                      ) -> tuple[list[OpDesc], set[str], list[dict[str, str]]]:
     """The backward op descs; the gradient names written; per segment, its renames."""
     loss_grad = grad_var_name(loss.name)
-    path, _ = _ops_on_path(ops, [loss.name], req)
-    acc = _Accumulator([loss_grad])
+    path, _ = ops_on_path(ops, [loss.name], req)
+    acc = Accumulator([loss_grad])
     tail_start = spans[-1][1] if spans else 0
     regions = [(tail_start, len(ops), None)] + [(lo, hi, k) for k, (lo, hi)
                                                   in reversed(list(enumerate(spans)))]
     renames_by_segment: list[dict[str, str]] = [{} for _ in spans]
     for lo, hi, k in regions:
         mark = len(acc.out)
-        for desc in _grad_descs(ops, [i for i in path if lo <= i < hi], req):
+        for desc in grad_descs(ops, [i for i in path if lo <= i < hi], req):
             acc.add(desc)
         if k is None:
             continue
@@ -170,15 +170,15 @@ def append_backward_with_checkpoints(loss: Variable, checkpoints: Iterable[Any],
                                      callbacks=None) -> list[tuple[Any, Variable]]:
     """``append_backward`` whose segments between ``checkpoints`` are recomputed in the
     backward pass (see the module docstring); returns [(parameter, gradient)]."""
-    loss = _check_loss(loss)
+    loss = check_loss(loss)
     block, program = loss.block, loss.block.program
-    loss_idx = _producer_index(block, loss.name)
+    loss_idx = producer_index(block, loss.name)
     loss_op = block.ops[loss_idx]
     loss_op._set_attr(OP_ROLE_KEY, int(loss_op.attr(OP_ROLE_KEY) or 0) | int(OpRole.Loss))
     ops = block.ops[: loss_idx + 1]
     names, where = checkpoint_names(block, ops, checkpoints)
     spans = segments_of(where, names)
-    req = _requiring_grad(block, ops, _no_grad_names(block, no_grad_set), None)
+    req = requiring_grad(block, ops, no_grad_names(block, no_grad_set), None)
     keep = {*names, loss.name}
     loss_grad = grad_var_name(loss.name)
     with program._backward_role_guard():
@@ -187,11 +187,11 @@ def append_backward_with_checkpoints(loss: Variable, checkpoints: Iterable[Any],
                         attrs={"shape": list(loss.shape), "value": 1.0, "dtype": loss.dtype,
                                OP_ROLE_KEY: int(OpRole.Backward | OpRole.Loss)})
         descs, written, renames = _recompute_descs(block, ops, spans, loss, req, keep)
-        _append_descs(block, descs, callbacks)
+        append_descs(block, descs, callbacks)
     params_grads = [(p, block.var(grad_var_name(p.name)))
-                    for p in _parameters(block, parameter_list)
+                    for p in trainable_parameters(block, parameter_list)
                     if grad_var_name(p.name) in written]
-    _mark_op_role_vars(block, params_grads)
+    mark_op_role_vars(block, params_grads)
     from .recompute_buffers import share_segment_buffers
 
     share_segment_buffers(block, spans, renames, keep, _FRESH_OUTPUTS)

@@ -2,14 +2,17 @@
 
 TensorParallelOptimizer all-reduces every parameter gradient on its own over the
 data-parallel ring (``c_sync_calc_stream``, ``c_allreduce_sum`` per gradient, one
-``c_sync_comm_stream`` before the optimizer). ``extract`` takes those ops out; ``place``
+``c_sync_comm_stream`` before the optimizer); ShardingOptimizer reduces each to the rank
+that owns its parameter instead (``c_reduce_sum`` with ``root_id``, owners in rank order
+along the gradients). ``extract`` takes those ops out; ``place``
 gathers the gradients, in the order they were all-reduced (backward order), into buckets of
 one dtype and at most ``fuse_grad_size_in_MB``. A bucket is one flat buffer whose views are
 the gradients' arrays, so the grad kernels write into it and nothing is copied in or out.
 Its launch step comes right after the last write of its last gradient, and all-reduces the
 buffer (on the ring's communication thread when it overlaps); its wait step comes before the
 first op that uses one of its gradients (the optimizer waits for exactly the buckets it
-reads), and ``c_sync_comm_stream`` waits for all of the ring's buckets.
+reads), and ``c_sync_comm_stream`` waits for all of the ring's buckets. A bucket of
+reductions is one ``reduce_scatter_v`` of its buffer: each owner's gradients are one range.
 
 Sums of two ranks are bitwise those of per-gradient all-reduces (a + b == b + a); with more
 ranks the order of a chunk's additions depends on where the chunk falls in the buffer, so
@@ -19,34 +22,45 @@ the results agree within rounding (and stay bitwise equal across ranks).
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..distributed.shard_layout import shard_bounds
 from ..framework.program import Operator
 from ..framework.roles import OP_ROLE_KEY, OpRole
+from . import grad_shards
 from .build_strategy import BuildStrategy
 from .comm_stream import CommStream, Handle
-from .plan import Step
+from .steps import Step
 
 _SYNC_CALC, _ALLREDUCE, _SYNC_COMM = "c_sync_calc_stream", "c_allreduce_sum", "c_sync_comm_stream"
+_REDUCE = "c_reduce_sum"
+ALL = -1   # the root of a gradient that every rank gets (all-reduced)
 
 
 @dataclass
 class Pending:
-    """What ``extract`` took out: per ring, (gradient, program index of its all-reduce)."""
+    """What ``extract`` took out: per ring, (gradient, program index of its collective, the
+    rank it is reduced to or ALL)."""
 
-    grads: dict[int, list[tuple[str, int]]] = field(default_factory=dict)
+    grads: dict[int, list[tuple[str, int, int]]] = field(default_factory=dict)
+    stage: dict[int, int] = field(default_factory=dict)   # sharding stage per ring
 
 
 def _is_grad_allreduce(op: Operator, block) -> bool:
-    if op.type != _ALLREDUCE or op.input("X") != op.output("Out"):
+    if op.type not in (_ALLREDUCE, _REDUCE) or op.input("X") != op.output("Out"):
         return False
     if not int(op.attr(OP_ROLE_KEY) or 0) & OpRole.Backward:
         return False
     name = op.input("X")[0]
     param = block._find_var_recursive(name[:-len("@GRAD")]) if name.endswith("@GRAD") else None
     return param is not None and getattr(param, "trainable", False)
+
+
+def _root(op: Operator) -> int:
+    return int(op.attr("root_id")) if op.type == _REDUCE else ALL
 
 
 def extract(steps: list[Step]) -> tuple[list[Step], Pending | None]:
@@ -59,7 +73,9 @@ def extract(steps: list[Step]) -> tuple[list[Step], Pending | None]:
     for step in steps:
         if _is_grad_allreduce(step.op, block):
             ring = int(step.op.attr("ring_id"))
-            pending.grads.setdefault(ring, []).append((step.op.input("X")[0], step.index))
+            pending.grads.setdefault(ring, []).append((step.op.input("X")[0], step.index,
+                                                       _root(step.op)))
+            pending.stage[ring] = int(step.op.attr("sharding_stage") or 0)
             grads.add(step.op.input("X")[0])
     if not grads:
         return steps, None
@@ -75,9 +91,14 @@ def place(steps: list[Step], pending: Pending, block,
     buckets: list[Bucket] = []
     for ring, grads in pending.grads.items():
         for bucket in _buckets(steps, block, ring, grads, strategy):
+            bucket.stage = pending.stage.get(ring, 0)
             buckets.append(bucket)
             inserts.append((bucket.launch_after + 0.5, bucket.launch_step(block)))
             inserts.append((bucket.wait_before - 0.5, bucket.wait_step(block)))
+    grad_shards.assign_pools(buckets, lambda name: _first_write(steps, name))
+    for bucket in buckets:   # a staging buffer is written again only once it is reduced
+        if bucket.reuse_after is not None:
+            inserts.append((bucket.first_write - 0.5, bucket.reuse_after.wait_step(block)))
     out = [(float(pos), s) for pos, s in enumerate(steps) if s.op.type != _SYNC_COMM]
     for pos, step in enumerate(steps):
         if step.op.type == _SYNC_COMM:
@@ -89,21 +110,21 @@ def place(steps: list[Step], pending: Pending, block,
     return [s for _, s in ordered], buckets
 
 
-def _buckets(steps: list[Step], block, ring: int, grads: list[tuple[str, int]],
+def _buckets(steps: list[Step], block, ring: int, grads: list[tuple[str, int, int]],
              strategy: BuildStrategy) -> list[Bucket]:
     made: list[Bucket] = []
     current: Bucket | None = None
-    for name, ar_index in grads:
+    for name, ar_index, root in grads:
         var = block._find_var_recursive(name)
         shape, dtype = tuple(int(d) for d in var.shape), np.dtype(var.dtype)
         writer = _last_writer_before(steps, name, ar_index)
         user = _first_use_after(steps, name, ar_index)
         nbytes = int(np.prod(shape)) * dtype.itemsize
         if current is None or not current.takes(dtype, nbytes, writer, user,
-                                                strategy.bucket_bytes):
+                                                strategy.bucket_bytes, root):
             current = Bucket(ring, len(made), strategy.overlap_comm)
             made.append(current)
-        current.add(name, shape, dtype, writer, user)
+        current.add(name, shape, dtype, writer, user, root)
     return made
 
 
@@ -113,6 +134,11 @@ def _last_writer_before(steps: list[Step], name: str, index: int) -> int:
         if step.index < index and name in step.op.output_arg_names:
             found = pos
     return found
+
+
+def _first_write(steps: list[Step], name: str) -> int:
+    return next((pos for pos, s in enumerate(steps) if name in s.op.output_arg_names),
+                len(steps))
 
 
 def _first_use_after(steps: list[Step], name: str, index: int) -> int:
@@ -126,28 +152,41 @@ def _first_use_after(steps: list[Step], name: str, index: int) -> int:
 
 
 class Bucket:
-    """Gradients of one ring and dtype all-reduced as one flat buffer."""
+    """Gradients of one ring and dtype all-reduced (or reduce-scattered to their owners,
+    ``roots``) as one flat buffer."""
 
     def __init__(self, ring_id: int, number: int, overlap: bool | None) -> None:
         self.ring_id, self.number, self.overlap = ring_id, number, overlap
         self.names: list[str] = []
+        self.roots: list[int] = []
         self.shapes: list[tuple[int, ...]] = []
         self.dtype: np.dtype | None = None
         self.nbytes = 0
         self.launch_after = -1             # step position of the last gradient write
         self.wait_before = 1 << 62         # step position of the first use of a gradient
+        # sharding stage 2 (grad_shards.py): a staging buffer shared with ``reuse_after``
+        self.stage, self.pool, self.slot, self.reuse_after = 0, None, 0, None
+        self.first_write, self.shard = 0, None
         # per scope: the flat buffer and its views; the job in flight
         self._buffers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._inflight: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
-    def takes(self, dtype: np.dtype, nbytes: int, writer: int, user: int, limit: int) -> bool:
-        """Whether one more gradient fits: same dtype, within the size, and its write
-        comes before every use of the gradients already in (the launch precedes them)."""
-        return (dtype == self.dtype and self.nbytes + nbytes <= limit
-                and writer < self.wait_before and user > self.launch_after)
+    def takes(self, dtype: np.dtype, nbytes: int, writer: int, user: int, limit: int,
+              root: int = ALL) -> bool:
+        """Whether one more gradient fits: same dtype, within the size, its write comes
+        before every use of the gradients already in (the launch precedes them), and it is
+        all-reduced like them or reduced to the same or a later rank."""
+        last = self.roots[-1] if self.roots else root
+        # the gradients one step writes stay in one bucket, over the size if need be: a
+        # bucket then starts after the launch of the one before (stage 2 reuses buffers)
+        fits = self.nbytes + nbytes <= limit or (self.names and writer == self.launch_after)
+        return (dtype == self.dtype and bool(fits)
+                and writer < self.wait_before and user > self.launch_after
+                and (root == ALL) == (last == ALL) and root >= last)
 
     def add(self, name: str, shape: tuple[int, ...], dtype: np.dtype, writer: int,
-            user: int) -> None:
+            user: int, root: int = ALL) -> None:
+        self.roots.append(root)
         self.names.append(name)
         self.shapes.append(shape)
         self.dtype = dtype
@@ -160,8 +199,19 @@ class Bucket:
                 f"{self.nbytes} bytes {self.dtype})")
 
     # steps ---------------------------------------------------------------------------------
+    @property
+    def scatters(self) -> bool:
+        """Whether each gradient goes to its owner (a reduce-scatter) rather than to all."""
+        return bool(self.roots) and self.roots[0] != ALL
+
+    def bounds(self, nranks: int) -> list[int]:
+        """Where each ring rank's gradients start in the buffer (and the end)."""
+        sizes = [int(np.prod(s)) for s in self.shapes]
+        return shard_bounds(sizes, self.roots, nranks)
+
     def launch_step(self, block) -> Step:
-        op = Operator(block, "bucket_allreduce", {"X": list(self.names)},
+        kind = "bucket_reduce_scatter" if self.scatters else "bucket_allreduce"
+        op = Operator(block, kind, {"X": list(self.names)},
                       {"Out": list(self.names)},
                       {"ring_id": self.ring_id, "bucket": self.number, "nbytes": self.nbytes,
                        OP_ROLE_KEY: int(OpRole.Backward)})
@@ -178,38 +228,45 @@ class Bucket:
         from ..distributed.collective.registry import get_ring
 
         self.wait(ctx)  # a job of an earlier run that failed mid-way must not share the buffer
-        flat = self._bind(ctx)
         comm = get_ring(self.ring_id)
         overlap = self.overlap if self.overlap is not None else comm.transport != "shm"
+        flat = self._bind(ctx, comm, overlap)
+        run, args = (comm.reduce_scatter_v, (flat, self.bounds(comm.nranks))) \
+            if self.scatters else (comm.all_reduce, (flat,))
+        after = None if self.shard is None else self.shard.keeper(
+            ctx, flat, self.names, self.roots, self.shapes, comm.rank)
         if not overlap:
-            comm.all_reduce(flat)
+            run(*args)
+            if after is not None:
+                after()
             return
         stream = ctx.executor.comm_stream(self.ring_id)
-        what = f"rank {comm.rank}: all-reduce of gradient bucket {self.number} on ring " \
-               f"{self.ring_id}"
-        self._inflight[ctx.scope] = stream.submit(what, comm.settings.comm_timeout,
-                                                  comm.all_reduce, flat)
+        what = f"rank {comm.rank}: {'reduce-scatter' if self.scatters else 'all-reduce'} of " \
+               f"gradient bucket {self.number} on ring {self.ring_id}"
+        self._inflight[ctx.scope] = (stream.submit(what, comm.settings.comm_timeout, run, *args),
+                                     after)
 
     def wait(self, ctx) -> None:
         self.wait_scope(ctx.scope)
 
     def wait_scope(self, scope) -> None:
-        handle: Handle | None = self._inflight.pop(scope, None)
-        if handle is not None:
-            handle.wait()
+        job: tuple[Handle, Callable | None] | None = self._inflight.pop(scope, None)
+        if job is not None:
+            job[0].wait()
+            if job[1] is not None:
+                job[1]()
 
-    def _bind(self, ctx) -> np.ndarray:
+    def _bind(self, ctx, comm, overlap: bool) -> np.ndarray:
         """The scope's flat buffer, every gradient a view into it: a kernel that wrote its
         gradient elsewhere (the first run, or one that hands out another array) is copied
         in once, and the view becomes the array the executor reuses for that gradient."""
         buffers = self._buffers.get(ctx.scope)
         if buffers is None:
-            from ..distributed.collective.registry import get_ring
-
             # in the ring's shared memory when its ranks share a host, so a large bucket is
             # all-reduced where it lies (every rank binds its buckets in the same order)
-            flat = get_ring(self.ring_id).shared_array(
-                sum(int(np.prod(s)) for s in self.shapes), self.dtype)
+            total = sum(int(np.prod(s)) for s in self.shapes)
+            flat = comm.shared_array(total, self.dtype) if self.pool is None \
+                else self.pool.buffer(ctx.scope, comm, self.slot if overlap else 0)[:total]
             views, at = [], 0
             for shape in self.shapes:
                 size = int(np.prod(shape))

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from ..framework.program import Operator
 from ..framework.registry import EMPTY_VAR_NAME, get_op_def
 from ..framework.roles import OP_ROLE_KEY, OP_ROLE_VAR_KEY, OpRole
-from .plan import Step, readers_of, writers_of
+from .steps import Step, readers_of, writers_of
 
 # What TensorParallelOptimizer puts between a layer's grad ops (per-gradient all-reduces of
 # the bias gradient): they only touch that gradient, so the fused grad step may go first.

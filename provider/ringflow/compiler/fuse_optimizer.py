@@ -28,30 +28,16 @@ hands out a new array) are read where they are, a span of their own.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+import itertools
 
 import numpy as np
 
 from ..framework.program import Operator
 from ..framework.roles import OP_ROLE_VAR_KEY
-from ..ops import update_math as um
-from ..ops.optimizer import adam_decay, lamb_attrs, momentum_decay
-from .plan import Step
+from ..ops.update_rules import RULES
+from .steps import Step
 
 _WAIT = "bucket_wait"
-
-
-@dataclass(frozen=True)
-class _Kind:
-    state: tuple[str, ...]        # slots updated in place, laid out flat
-    pows: tuple[str, ...] = ()    # one-element slots, kept apart
-
-
-_ADAM = _Kind(("Param", "Moment1", "Moment2"), ("Beta1Pow", "Beta2Pow"))
-_KINDS = {"sgd": _Kind(("Param",)), "momentum": _Kind(("Param", "Velocity")),
-          "adam": _ADAM, "adamw": _ADAM, "lamb": _ADAM,
-          "lars_momentum": _Kind(("Param", "Velocity"))}
 
 
 def fuse(steps: list[Step], block) -> list[Step]:
@@ -75,7 +61,7 @@ def fuse(steps: list[Step], block) -> list[Step]:
 def _fusable(op: Operator, block) -> bool:
     """An update op of a known kind whose every slot holds one variable, writing its state
     back in place, all of one dtype."""
-    kind = _KINDS.get(op.type)
+    kind = RULES.get(op.type)
     if kind is None:
         return False
     ins = ("Param", "Grad", "LearningRate", *kind.state[1:], *kind.pows)
@@ -129,26 +115,29 @@ def _fused_step(group: list[Step], block) -> Step:
 
 # ------------------------------------------------------------------------------- the kernel
 class FusedUpdate:
-    """The kernel of a fused update step."""
+    """The kernel of a fused update step: the storage here, the sweep its rule's
+    (ops/update_rules.py)."""
 
     def __init__(self, op: Operator) -> None:
-        self.type, self.kind = op.type, _KINDS[op.type]
+        self.type, self.kind = op.type, RULES[op.type]
         self.params, self.grads = list(op.inputs["Param"]), list(op.inputs["Grad"])
         self.state = {slot: list(op.inputs[slot]) for slot in self.kind.state}
         self.key = (op.type, tuple(self.params))
 
     def __call__(self, ctx) -> None:
         flat = self._flat(ctx)
-        run: Callable = getattr(self, "_" + self.type.replace("adamw", "adam"))
-        run(ctx, flat, flat.spans(ctx, self.grads))
+        self.kind.sweep(self, ctx, flat, flat.spans(ctx, self.grads))
 
     def _flat(self, ctx) -> _Flat:
         store = ctx.executor.flat_state(ctx.scope)
         flat = store.get(self.key)
         values = ctx.scope._vars
-        if flat is None or not flat.fits(ctx):
+        if flat is None or not flat.fits(ctx) or flat.params_moved(ctx, values, self.params):
             flat = store[self.key] = _Flat(ctx, self)
         for slot, names in self.state.items():
+            current = [values.get(n) for n in names]
+            if any(a is not v for a, v in zip(current, flat.views[slot])):
+                flat.adopt(ctx, slot, names, current)
             for name, view in zip(names, flat.views[slot]):
                 current = values.get(name)
                 if current is not view:
@@ -158,81 +147,6 @@ class FusedUpdate:
                     values[name] = view
                     ctx.executor.adopt(name, view)
         return flat
-
-    # updates ------------------------------------------------------------------------------
-    def _sgd(self, ctx, flat: _Flat, spans) -> None:
-        lr = _lr(ctx)
-        for lo, hi, g in spans:
-            um.sgd(flat.part("Param", lo, hi), g, lr)
-
-    def _momentum(self, ctx, flat: _Flat, spans) -> None:
-        lr, mu = _lr(ctx), float(ctx.attr("mu"))
-        nesterov, decay = bool(ctx.attr("use_nesterov")), momentum_decay(ctx.attr)
-        for lo, hi, g in spans:
-            um.momentum(flat.part("Param", lo, hi), flat.part("Velocity", lo, hi), g, lr, mu,
-                        nesterov, decay)
-
-    def _adam(self, ctx, flat: _Flat, spans) -> None:
-        decay, ratio = adam_decay(self.type, ctx.attr)
-        lr = _lr(ctx) * ratio
-        b1, b2, eps = (float(ctx.attr(k)) for k in ("beta1", "beta2", "epsilon"))
-        keep = 1.0 - lr * decay if decay else None
-        pows = self._pows(ctx)
-        for lo, hi, g in spans:
-            # one sweep when the parameters of the span are at the same step (they are,
-            # unless some joined the optimizer later)
-            pieces = [(lo, hi, g)] if len({pows[flat.order[k]] for k in range(lo, hi)}) == 1 \
-                else [(k, k + 1, flat.grad_of(g, lo, k)) for k in range(lo, hi)]
-            for a, b, gg in pieces:
-                lr_t, eps_t = um.adam_scalars(lr, *pows[flat.order[a]], eps)
-                um.adam(flat.part("Param", a, b), flat.part("Moment1", a, b),
-                        flat.part("Moment2", a, b), gg, b1, b2, lr_t, eps_t, keep)
-        self._step_pows(ctx, b1, b2)
-
-    def _lamb(self, ctx, flat: _Flat, spans) -> None:
-        pows, sums, directions = self._pows(ctx), [], []
-        for lo, hi, g in spans:
-            for k in range(lo, hi):
-                i = flat.order[k]
-                p = flat.part("Param", k, k + 1)
-                r = um.lamb_buffer(self.params[i], p.size, p.dtype)
-                sums += um.lamb_direction(p, flat.part("Moment1", k, k + 1),
-                                          flat.part("Moment2", k, k + 1),
-                                          flat.grad_of(g, lo, k), r,
-                                          *lamb_attrs(ctx.attr, *pows[i]))
-                directions.append((p, r))
-        sums = um.all_reduce_sums(int(ctx.attr("ring_id")), sums)
-        lr = _lr(ctx)
-        for j, (p, r) in enumerate(directions):
-            um.lamb_apply(p, r, lr * um.lamb_trust(sums[2 * j], sums[2 * j + 1]))
-        self._step_pows(ctx, float(ctx.attr("beta1")), float(ctx.attr("beta2")))
-
-    def _lars_momentum(self, ctx, flat: _Flat, spans) -> None:
-        parts, sums = [], []
-        for lo, hi, g in spans:
-            for k in range(lo, hi):
-                p, gg = flat.part("Param", k, k + 1), flat.grad_of(g, lo, k)
-                parts.append((p, flat.part("Velocity", k, k + 1), gg))
-                sums += [float(np.dot(p, p)), float(np.dot(gg, gg))]
-        sums = um.all_reduce_sums(int(ctx.attr("ring_id")), sums)
-        lr, mu = _lr(ctx), float(ctx.attr("mu"))
-        coeff, wd = float(ctx.attr("lars_coeff")), float(ctx.attr("lars_weight_decay"))
-        eps = float(ctx.attr("epsilon"))
-        for j, (p, v, g) in enumerate(parts):
-            local_lr = um.lars_local_lr(lr, coeff, wd, eps, sums[2 * j], sums[2 * j + 1])
-            um.lars(p, v, g, local_lr, mu, wd)
-
-    def _pows(self, ctx) -> list[tuple[float, float]]:
-        return [(float(b1.reshape(-1)[0]), float(b2.reshape(-1)[0]))
-                for b1, b2 in zip(ctx.inputs("Beta1Pow"), ctx.inputs("Beta2Pow"))]
-
-    def _step_pows(self, ctx, b1: float, b2: float) -> None:
-        ctx.set_outputs("Beta1PowOut", [a * b1 for a in ctx.inputs("Beta1Pow")])
-        ctx.set_outputs("Beta2PowOut", [a * b2 for a in ctx.inputs("Beta2Pow")])
-
-
-def _lr(ctx) -> float:
-    return float(ctx.input("LearningRate").reshape(-1)[0])
 
 
 # ------------------------------------------------------------------------------ the storage
@@ -262,9 +176,13 @@ class _Flat:
                                      f"{arr.dtype}{list(arr.shape)}, its parameter "
                                      f"{fused.params[i]!r} {self.dtype}{list(shapes[i])}")
         grads = _coalesce(ctx, fused.grads)
-        roots: dict[int, int] = {}
-        rank = [roots.setdefault(id(_root(g)), len(roots)) for g in grads]
-        self.order = sorted(range(len(params)), key=lambda i: (rank[i], _address(grads[i])))
+        if _one_buffer(params):   # gathered parameters (sharding): the order they lie in
+            self.order = sorted(range(len(params)), key=lambda i: _address(params[i]))
+        else:
+            roots: dict[int, int] = {}
+            rank = [roots.setdefault(id(_root(g)), len(roots)) for g in grads]
+            self.order = sorted(range(len(params)),
+                                key=lambda i: (rank[i], _address(grads[i])))
         sizes = [int(np.prod(s)) for s in shapes]
         self.starts = [0]
         for i in self.order:
@@ -278,6 +196,28 @@ class _Flat:
                                 for i in range(len(names))]
         self._grads: list[np.ndarray] = []
         self._spans: list[tuple[int, int, np.ndarray]] = []
+
+    def adopt(self, ctx, slot: str, names: list[str], arrays: list) -> None:
+        """Makes ``arrays`` (the scope's, one per variable of ``slot``) the slot's storage
+        when the executor owns them and they lie end to end in ``order`` already (sharding's
+        gathered parameters: compiler/param_gather.py), so neither side copies each step."""
+        ordered = [arrays[i] for i in self.order]
+        if any(a is None or a.dtype != self.dtype or a.shape != self.shapes[i]
+               or not ctx.executor.owns(names[i], a) for i, a in enumerate(arrays)):
+            return
+        if not all(_follows(a, b) for a, b in itertools.pairwise(ordered)) \
+                or not ordered[0].flags.c_contiguous:
+            return
+        self.buffers[slot] = _joined(ordered)
+        self.views[slot] = list(arrays)
+
+    def params_moved(self, ctx, values, names: list[str]) -> bool:
+        """Whether the parameters now lie in one buffer of someone else's (sharding's
+        all-gather made them views of its own): then the layout follows theirs."""
+        current = [values.get(n) for n in names]
+        return any(a is not v for a, v in zip(current, self.views["Param"])) \
+            and _one_buffer(current) and all(ctx.executor.owns(n, a)
+                                             for n, a in zip(names, current))
 
     def fits(self, ctx) -> bool:
         """Whether the parameters still have the shapes and dtype laid out."""
@@ -314,6 +254,15 @@ class _Flat:
             lo = k
         self._grads, self._spans = grads, spans
         return spans
+
+
+def _one_buffer(arrays: list) -> bool:
+    """Whether ``arrays`` are views of one buffer that lie end to end in address order."""
+    if any(not isinstance(a, np.ndarray) for a in arrays) or len(arrays) < 2 \
+            or len({id(_root(a)) for a in arrays}) != 1 or arrays[0].base is None:
+        return False
+    ordered = sorted(arrays, key=_address)
+    return all(_follows(a, b) for a, b in itertools.pairwise(ordered))
 
 
 def _follows(a: np.ndarray, b: np.ndarray) -> bool:

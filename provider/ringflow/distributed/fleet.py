@@ -116,7 +116,8 @@ class DistributedOptimizer:
             with program_guard(loss.block.program):
                 result = meta.minimize(loss, *args)
         if graph is not None:
-            result = graph.minimize(loss, *args)
+            # a graph optimizer rewrites what the chain built; the chain's result stands
+            graph.minimize(loss, *args)
         return result
 
     def _get_applied_meta_list(self) -> list[str]:

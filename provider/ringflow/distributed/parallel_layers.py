@@ -37,11 +37,10 @@ def _mp_rank(num_partitions: int, what: str) -> int:
                           f"before building tensor-parallel layers (num_partitions="
                           f"{num_partitions})")
     strategy = fleet.get_strategy()
-    if strategy is not None and strategy.tensor_parallel:
-        degree = strategy.tensor_parallel_configs["tensor_parallel_degree"]
-        if degree != num_partitions:
-            raise ConfigError(f"{what}: num_partitions={num_partitions} differs from the "
-                              f"strategy's tensor_parallel_degree={degree}")
+    degree = strategy._mp_degree() if strategy is not None else None
+    if degree is not None and degree != num_partitions:
+        raise ConfigError(f"{what}: num_partitions={num_partitions} differs from the "
+                          f"strategy's tensor_parallel_degree={degree}")
     world = fleet.worker_num()
     if world % num_partitions:
         raise ConfigError(f"{what}: num_partitions={num_partitions} does not divide the "
@@ -211,7 +210,8 @@ def _strategy_degree() -> int:
     from . import fleet
 
     strategy = fleet.get_strategy() if fleet.is_initialized() else None
-    if strategy is None or not strategy.tensor_parallel:
+    degree = strategy._mp_degree() if strategy is not None else None
+    if degree is None:
         raise ConfigError("parallel_cross_entropy: pass num_partitions, or give fleet.init a "
                           "strategy with tensor_parallel on")
-    return int(strategy.tensor_parallel_configs["tensor_parallel_degree"])
+    return degree

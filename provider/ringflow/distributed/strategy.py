@@ -1,5 +1,6 @@
 """``DistributedStrategy``: fleet's configuration with Paddle's names and merge semantics, for
-the features ringflow knows: tensor_parallel, amp, recompute, lamb, lars, all-reduce fusion."""
+the features ringflow knows: tensor_parallel, sharding, amp, recompute, lamb, lars, all-reduce
+fusion."""
 
 from __future__ import annotations
 
@@ -22,13 +23,23 @@ _FEATURES: dict[str, dict[str, Any]] = {
     "lars": {"lars_coeff": 0.001, "lars_weight_decay": 0.0005, "epsilon": 0.0,
              "exclude_from_weight_decay": []},
     "tensor_parallel": {"tensor_parallel_degree": 1, "tensor_init_seed": -1},
+    # Paddle's ShardingConfig, its defaults; what ringflow does with each: sharding.py
+    "sharding": {
+        "sharding_segment_strategy": "segment_broadcast_MB", "segment_broadcast_MB": 32.0,
+        "segment_anchors": [], "sharding_degree": 8, "mp_degree": 1, "dp_degree": 1,
+        "hybrid_dp": False, "gradient_merge_acc_step": 1, "optimize_offload": False,
+        "pp_allreduce_in_optimize": False, "pp_degree": 1, "optimize_cast": False,
+        "_dp_as_optimizer_sharding": False, "stage": 1, "enable_tuning": False,
+    },
 }
 _OPTIONS: dict[str, Any] = {"fuse_all_reduce_ops": True, "fuse_grad_size_in_MB": 32}
 
 # Lower bounds where a smaller value has no meaning (Paddle checks none of them; a degree of 0
 # would only surface later as a division by zero). tensor_init_seed -1 means "unset".
 _MINIMUM = {"tensor_parallel_degree": 1, "tensor_init_seed": -1, "incr_every_n_steps": 1,
-            "decr_every_n_nan_or_inf": 1, "fuse_grad_size_in_MB": 1}
+            "decr_every_n_nan_or_inf": 1, "fuse_grad_size_in_MB": 1, "sharding_degree": 1,
+            "mp_degree": 1, "dp_degree": 1, "pp_degree": 1, "gradient_merge_acc_step": 1,
+            "stage": 1}
 
 
 def _checked(where: str, name: str, default: Any, value: Any) -> Any:
@@ -40,6 +51,8 @@ def _checked(where: str, name: str, default: Any, value: Any) -> Any:
         ok, kind = isinstance(value, numbers.Integral) and not isinstance(value, bool), "an int"
     elif isinstance(default, float):
         ok, kind = isinstance(value, numbers.Real) and not isinstance(value, bool), "a number"
+    elif isinstance(default, str):
+        ok, kind = isinstance(value, str), "a str"
     else:
         ok = isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value)
         kind = "a list of str"
@@ -83,7 +96,9 @@ def _configs(feature: str, doc: str) -> property:
 
     def set(self: DistributedStrategy, configs: Any) -> None:
         # MERGE, as Paddle's assign_configs_value: keys not given keep their value.
-        self._configs[feature].update(_checked_configs(feature, configs))
+        checked = _checked_configs(feature, configs)
+        self._configs[feature].update(checked)
+        self._given[feature].update(checked)
         self._non_auto_set = True
 
     return property(get, set, doc=doc)
@@ -135,6 +150,15 @@ class DistributedStrategy:
         "tensor_parallel", "tensor_parallel_degree 1 (int >= 1: ranks of one mp group), "
                            "tensor_init_seed -1 (parameter seed; the static TP optimizer "
                            "ignores it, as Paddle's does).")
+    sharding = _feature(
+        "sharding", "Shard the optimizer state (stage 1) and the gradients (stage 2) over the "
+                    "data-parallel ranks (ShardingOptimizer). Default False.")
+    sharding_configs = _configs(
+        "sharding", "sharding_degree (ranks sharing one model's state; ringflow: the "
+                    "data-parallel degree unless given; Paddle's default 8), stage 1 (1 or 2), "
+                    "mp_degree 1 (tensor parallelism inside, Paddle's hybrid form), "
+                    "dp_degree 1, pp_degree 1, and Paddle's other ShardingConfig fields "
+                    "(accepted; see ringflow.distributed.meta_optimizers.sharding).")
     fuse_all_reduce_ops = _option(
         "fuse_all_reduce_ops", "Fuse gradient all-reduces into buckets. Default True.")
     fuse_grad_size_in_MB = _option(
@@ -147,6 +171,7 @@ class DistributedStrategy:
             _non_auto_set=False,  # per instance; Paddle keeps one module-global flag
             _flags={name: False for name in _FEATURES},
             _configs=copy.deepcopy(_FEATURES),
+            _given={name: set() for name in _FEATURES},  # config keys ever assigned
             _options=dict(_OPTIONS),
         )
 
@@ -158,6 +183,20 @@ class DistributedStrategy:
 
     def _set_auto(self, flag: Any) -> None:
         self._auto = _checked("auto", "auto", False, flag)
+
+    def _was_given(self, feature: str, key: str) -> bool:
+        """Whether ``<feature>_configs[key]`` was ever assigned (a default that ringflow
+        derives, such as the sharding degree, applies only while it was not)."""
+        return key in self._given[feature]
+
+    def _mp_degree(self) -> int | None:
+        """The tensor-parallel degree the strategy asks for (``tensor_parallel``, or
+        Paddle's hybrid form ``sharding_configs["mp_degree"]``), None when it asks none."""
+        if self.tensor_parallel:
+            return int(self._configs["tensor_parallel"]["tensor_parallel_degree"])
+        if self.sharding and self._was_given("sharding", "mp_degree"):
+            return int(self._configs["sharding"]["mp_degree"])
+        return None
 
     def _is_strict_auto(self) -> bool:
         """True when ``auto`` is on and no other option was ever set (Paddle's rule)."""

@@ -9,7 +9,6 @@ from typing import Any
 
 import numpy as np
 
-from .records import Parameter
 from .roles import OP_ROLE_KEY, OP_ROLE_VAR_KEY, OpRole
 
 # Bits in the order they are named; a role with none of the first five is a forward op.
@@ -68,7 +67,7 @@ def op_to_string(op) -> str:
 
 def var_kind(var) -> str:
     """What a variable is, as a listing shows it: param, data, persist or var."""
-    if isinstance(var, Parameter):
+    if var.is_parameter:
         return "param"
     if var.is_data:
         return "data"
@@ -78,7 +77,7 @@ def var_kind(var) -> str:
 def var_to_string(var, name_width: int = 0) -> str:
     """``param fc_0.w_0 : float32[64, 256]`` (+ flags: stop_gradient, frozen, distributed)."""
     flags = []
-    if isinstance(var, Parameter):
+    if var.is_parameter:
         flags += [f for f, on in (("frozen", not var.trainable),
                                   ("distributed", var.is_distributed)) if on]
     elif var.stop_gradient and not (var.is_data or var.persistable):

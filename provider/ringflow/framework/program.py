@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from ..errors import ProgramError, RingflowError
+from .printer import program_to_string
 from .records import Operator, Parameter, Variable, _names
 from .registry import EMPTY_VAR_NAME, ShapeContext, convert_dtype, get_op_def, slot_errors
 from .roles import OP_ROLE_KEY, OP_ROLE_VAR_KEY, OpRole
@@ -277,7 +278,6 @@ class Program:
         return p
 
     def __str__(self) -> str:
-        from .printer import program_to_string
 
         return program_to_string(self)
 

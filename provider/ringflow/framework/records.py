@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ProgramError
+from .printer import op_to_string, var_to_string
 from .registry import EMPTY_VAR_NAME, convert_dtype
 
 if TYPE_CHECKING:
@@ -19,6 +20,8 @@ if TYPE_CHECKING:
 
 class Variable:
     """A named tensor slot of a block: shape (-1 for batch), dtype, flags."""
+
+    is_parameter = False    # Parameter's is True (the printer reads it; no isinstance)
 
     def __init__(
         self,
@@ -43,7 +46,6 @@ class Variable:
         return len(self.shape or ())
 
     def __repr__(self) -> str:
-        from .printer import var_to_string
 
         return var_to_string(self)
 
@@ -84,6 +86,8 @@ class Shard:
 
 class Parameter(Variable):
     """A persistable, trainable variable initialised by the startup program."""
+
+    is_parameter = True
 
     def __init__(
         self,
@@ -156,6 +160,13 @@ class Operator:
         for names in self.outputs.values():
             names[:] = [new if n == old else n for n in names]
 
+    def _set_input(self, slot: str, names: list[str]) -> None:
+        """Paddle's ``desc.set_input``: slot ``slot`` reads ``names``."""
+        self.inputs[slot] = list(names)
+
+    def _set_output(self, slot: str, names: list[str]) -> None:
+        self.outputs[slot] = list(names)
+
     @property
     def attr_names(self) -> list[str]:
         return list(self.attrs)
@@ -183,6 +194,5 @@ class Operator:
         return [n for names in self.outputs.values() for n in names if n != EMPTY_VAR_NAME]
 
     def __repr__(self) -> str:
-        from .printer import op_to_string
 
         return op_to_string(self)

@@ -167,6 +167,20 @@ _register("mp_allreduce_sum", inputs=["X"], outputs=["Out"], attrs=_MP_ATTRS,
           )(_all_reduce_kernel(ReduceOp.SUM))
 
 
+# c_reduce_sum: the sum over the ring lands on ring rank root_id; the others keep X (Paddle's
+# op). Sharding reduces each gradient to the rank that updates its parameter; the executor
+# turns a run of them into one reduce-scatter of a gradient bucket (compiler/buckets.py).
+# ``sharding_stage`` (ringflow's): 2 lets the executor keep only the owner's reduced part.
+@_register("c_reduce_sum", inputs=["X"], outputs=["Out"],
+           attrs={"ring_id": 0, "root_id": 0, "use_calc_stream": True, "sharding_stage": 0},
+           infer_shape=same_shape_as())
+def _c_reduce_sum(ctx) -> None:
+    comm = _ring(ctx)
+    out = _out_holding_x(ctx)
+    comm.reduce(out, int(ctx.attr("root_id")), ReduceOp.SUM)
+    ctx.set_output("Out", out)
+
+
 @_register("broadcast", inputs=["X"], outputs=["Out"],
            attrs={"ring_id": 0, "root": 0, "use_calc_stream": True}, infer_shape=same_shape_as())
 def _broadcast(ctx) -> None:

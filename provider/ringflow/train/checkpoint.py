@@ -277,16 +277,31 @@ class Checkpointer:
             prune(self.root, self.layout)
         return step_path(self.root, step)
 
+    def sources(self, checkpoint: Checkpoint) -> list[str]:
+        """The shards this rank loads: its own when the job has the layout that wrote the
+        checkpoint; after a change of the data-parallel degree (the same tensor-parallel
+        degree), every shard of its model-parallel rank, each variable taken from the first
+        that holds it: parameters are in all of them, a sharded job's optimizer state in
+        the shard of the rank that owned it (re-sharding)."""
+        if checkpoint.world_size == self.layout.world_size:
+            return [checkpoint.shard(self.layout.rank)]
+        mp = self.layout.mp_degree
+        return [checkpoint.shard(r) for r in range(checkpoint.world_size)
+                if r % mp == self.layout.rank % mp]
+
     def restore(self, checkpoint: Checkpoint) -> dict[str, Any]:
-        """Loads this rank's shard into the scope (all or nothing); returns its meta."""
-        shard = checkpoint.shard(self.layout.rank)
+        """Loads this rank's part into the scope (all or nothing); returns its meta."""
+        sources = self.sources(checkpoint)
+        shard = sources[0]
         try:
-            io.load(self.program, shard, self.scope)
+            io.load_merged(self.program, sources, self.scope)
             meta = read_meta(shard)
         except (RingflowError, OSError, KeyError, ValueError, zipfile.BadZipFile) as exc:
             raise ConfigError(f"checkpoint {shard} does not fit this job: {exc}") from None
-        if meta.get("rank") != self.layout.rank or meta.get("step") != checkpoint.step:
+        rank = self.layout.rank if len(sources) == 1 and checkpoint.world_size == \
+            self.layout.world_size else self.layout.rank % self.layout.mp_degree
+        if meta.get("rank") != rank or meta.get("step") != checkpoint.step:
             raise ConfigError(f"checkpoint {shard} is rank {meta.get('rank')}'s of step "
-                              f"{meta.get('step')}, expected rank {self.layout.rank}'s of "
+                              f"{meta.get('step')}, expected rank {rank}'s of "
                               f"step {checkpoint.step}")
         return meta

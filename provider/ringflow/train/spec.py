@@ -50,11 +50,16 @@ FIELD_DOCS: dict[str, str] = {
     "recompute": "recompute activations in the backward pass instead of keeping them: true "
                  "for the model's natural checkpoints (each block's output), or a list of "
                  "checkpoint variable names (fleet's RecomputeOptimizer)",
+    "sharding_stage": "0: off; 1: each data-parallel rank holds and updates the optimizer "
+                      "state of its share of the parameters; 2: and keeps only its share "
+                      "of the reduced gradients (fleet's sharding, ZeRO stages 1 and 2)",
 }
 #: the smallest value each integer field takes (JSON-schema ``minimum``)
 FIELD_MINIMUMS: dict[str, int] = {"steps": 1, "global_batch_size": 1, "seed": 0,
                                   "tensor_parallel_degree": 1, "log_every": 1,
-                                  "checkpoint_every": 1}
+                                  "checkpoint_every": 1, "sharding_stage": 0}
+#: the largest value of the integer fields that have one (JSON-schema ``maximum``)
+FIELD_MAXIMUMS: dict[str, int] = {"sharding_stage": 2}
 
 
 def _default_optimizer() -> dict[str, Any]:
@@ -84,10 +89,11 @@ class JobSpec:
     resume: bool = True
     amp: bool = False
     recompute: bool | list[str] = False
+    sharding_stage: int = 0
 
     def __post_init__(self) -> None:
         for name, minimum in FIELD_MINIMUMS.items():
-            _check_int(name, getattr(self, name), minimum)
+            _check_int(name, getattr(self, name), minimum, FIELD_MAXIMUMS.get(name))
         _check_model(self.model)
         _check_str("data", self.data)
         if self.data != "synthetic" and not self.data.endswith(".npz"):
@@ -192,9 +198,11 @@ def _check_recompute(value: Any) -> bool | list[str]:
                       f"variable names, got {value!r}")
 
 
-def _check_int(name: str, value: Any, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(f"{name} must be an integer >= {minimum}, got {value!r}")
+def _check_int(name: str, value: Any, minimum: int, maximum: int | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum \
+            or (maximum is not None and value > maximum):
+        bound = f">= {minimum}" if maximum is None else f"in {minimum}..{maximum}"
+        raise ConfigError(f"{name} must be an integer {bound}, got {value!r}")
 
 
 def _check_str(name: str, value: Any) -> None:

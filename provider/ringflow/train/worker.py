@@ -38,7 +38,8 @@ from .metrics import Reporter
 from .spec import BUILTIN_MODELS, JobSpec
 
 EXIT_OK, EXIT_ERROR, EXIT_CONFIG, EXIT_NONFINITE = 0, 1, 2, 3
-GLOBAL_RING, DP_RING = 1, 2  # TensorParallelOptimizer's rings (mp is 0)
+# (global ring, data-parallel ring) of TensorParallelOptimizer and of ShardingOptimizer (mp: 0)
+_RINGS = {False: (1, 2), True: (3, 1)}
 
 
 class NonFiniteLoss(Exception):
@@ -61,6 +62,7 @@ class Job:
     optimizer: Any
     data: SyntheticData | NpzData
     rows: slice
+    rings: tuple[int, int] = (1, 2)   # (global, data-parallel) ring ids of its strategy
 
 
 def read_layout(spec: JobSpec) -> Layout:
@@ -80,14 +82,26 @@ def read_layout(spec: JobSpec) -> Layout:
     return Layout(rank, world, spec.tensor_parallel_degree, local_size)
 
 
+def applied_rings() -> tuple[int, int]:
+    """(global ring id, data-parallel ring id) of the meta-optimizers fleet applied (a
+    sharding job of one rank has no sharding rings)."""
+    from ..distributed import fleet
+
+    return _RINGS["ShardingOptimizer" in fleet._get_applied_meta_list()]
+
+
 def _strategy(spec: JobSpec, checkpoints: list[str] | None = None):
     """Fleet's strategy for the spec: tensor parallelism (with degree 1: plain data
-    parallelism), AMP, and Recompute once the model's ``checkpoints`` are known."""
+    parallelism), sharding of ``sharding_stage`` over the data-parallel ranks, AMP, and
+    Recompute once the model's ``checkpoints`` are known."""
     from ..distributed.strategy import DistributedStrategy
 
     strategy = DistributedStrategy()
     strategy.tensor_parallel = True
     strategy.tensor_parallel_configs = {"tensor_parallel_degree": spec.tensor_parallel_degree}
+    if spec.sharding_stage:
+        strategy.sharding = True
+        strategy.sharding_configs = {"stage": spec.sharding_stage}
     strategy.amp = spec.amp
     if spec.recompute and checkpoints is not None:
         strategy.recompute = True
@@ -162,7 +176,7 @@ def build_job(spec: JobSpec, layout: Layout) -> Job:
         data = open_npz(spec.data, feeds, spec.seed, spec.global_batch_size)
     dp = spec.dp_degree(layout.world_size)
     rows = local_rows(spec.global_batch_size, layout.rank // layout.mp_degree, dp)
-    return Job(spec, layout, main, startup, model, optimizer, data, rows)
+    return Job(spec, layout, main, startup, model, optimizer, data, rows, applied_rings())
 
 
 def _across_hosts(spec: JobSpec, layout: Layout) -> bool:
@@ -182,12 +196,15 @@ def find_start(spec: JobSpec, layout: Layout) -> Checkpoint | None:
 
 
 def _check_layout(found: Checkpoint, layout: Layout) -> None:
-    if (found.world_size, found.mp_degree) != (layout.world_size, layout.mp_degree):
+    """Another data-parallel degree is fine (the state is re-sharded from the shards of
+    the same model-parallel rank); another tensor-parallel degree is not."""
+    if found.mp_degree != layout.mp_degree:
         raise ConfigError(
             f"checkpoint {found.path} was written by a job of world size {found.world_size} "
             f"with tensor_parallel_degree {found.mp_degree}; this job has world size "
             f"{layout.world_size} with tensor_parallel_degree {layout.mp_degree}: run it with "
-            f"the same layout, or set resume to false or another checkpoint_dir")
+            f"the same tensor_parallel_degree, or set resume to false or another "
+            f"checkpoint_dir")
 
 
 def run(spec: JobSpec) -> int:
@@ -205,7 +222,9 @@ def run(spec: JobSpec) -> int:
 
 def _finished(report: Reporter, spec: JobSpec, start: Checkpoint, layout: Layout) -> int:
     """A checkpoint at or past the target: the job's summary, nothing trained."""
-    meta = read_checkpoint_meta(start.shard(layout.rank))
+    same = start.world_size == layout.world_size
+    meta = read_checkpoint_meta(start.shard(layout.rank if same else
+                                            layout.rank % layout.mp_degree))
     report.say(f"checkpoint step {start.step} is at or past the target of {spec.steps} "
                f"steps: nothing to train: {start.path}")
     report.summary(meta.get("loss"), start.step, start.path, start.step)
@@ -228,7 +247,8 @@ def _describe(report: Reporter, spec: JobSpec, layout: Layout) -> None:
                f"{layout.mp_degree} x data parallel {dp} on {layout.nnodes} host(s), global "
                f"batch {spec.global_batch_size}, {spec.steps} steps, data {spec.data}, "
                f"optimizer {spec.optimizer['type']}, {spec.dtype}, seed {spec.seed}"
-               + (", amp" if spec.amp else "") + (", recompute" if spec.recompute else ""))
+               + (", amp" if spec.amp else "") + (", recompute" if spec.recompute else "")
+               + (f", sharding stage {spec.sharding_stage}" if spec.sharding_stage else ""))
 
 
 class Trainer:
@@ -308,7 +328,7 @@ class Trainer:
                                   scope=self.scope)
         dp = self.spec.dp_degree(job.layout.world_size)
         if dp > 1:
-            get_ring(DP_RING).all_reduce(value)
+            get_ring(self.job.rings[1]).all_reduce(value)
             value /= dp
         loss = float(value.reshape(-1)[0])
         if not math.isfinite(loss):
@@ -332,7 +352,7 @@ class Trainer:
         bad = sum(int(not np.all(np.isfinite(a)))
                   for a in self.checkpoints.persistables().values() if a.dtype.kind == "f")
         flag = np.array([bad], dtype=np.int64)
-        get_ring(GLOBAL_RING).all_reduce(flag)
+        get_ring(self.job.rings[0]).all_reduce(flag)
         return int(flag[0]) == 0
 
     def _agree_on_start(self) -> Checkpoint | None:
@@ -343,7 +363,7 @@ class Trainer:
         layout = self.job.layout
         mine = {c.step: c for c in host_complete_steps(
             os.path.abspath(self.spec.checkpoint_dir), layout.host)}
-        ring = get_ring(GLOBAL_RING)
+        ring = get_ring(self.job.rings[0])
         bound = 1 << 62
         while True:
             newest = np.array([max((s for s in mine if s <= bound), default=-1)], np.int64)
@@ -358,6 +378,5 @@ class Trainer:
                 return mine[step]
             bound = step - 1
 
-    @staticmethod
-    def _barrier() -> None:
-        get_ring(GLOBAL_RING).barrier()
+    def _barrier(self) -> None:
+        get_ring(self.job.rings[0]).barrier()

@@ -77,3 +77,34 @@ def rs_input(key: str, dtype: str, shape: tuple, rank: int, block: int) -> np.nd
     """Rank `rank`'s contribution to block `block` (small integers: exact in every dtype)."""
     rng = np.random.default_rng([len(key), rank, block])
     return rng.integers(-50, 50, size=shape).astype(dtype)
+
+
+# reduce_scatter_v / all_gather_v: uneven parts as sharding makes them. (key, dtype, count,
+# how the count is cut): "even", "front" (all on rank 0), "back" (all on the last rank),
+# "skewed" (rank r gets a share growing with r, some empty)
+V_CASES = [(f"v_{dtype}_{count}_{cut}", dtype, count, cut)
+           for dtype in ("float16", "float32", "float64", "int64")
+           for count in (0, 1, 7, 1003, 6001)
+           for cut in ("even", "front", "back", "skewed")]
+
+
+def v_bounds(count: int, cut: str, nranks: int) -> list[int]:
+    """nranks + 1 offsets: rank r's part is [bounds[r], bounds[r+1])."""
+    if cut == "front":
+        return [0] + [count] * nranks
+    if cut == "back":
+        return [0] * nranks + [count]
+    weights = [1] * nranks if cut == "even" else [r * r for r in range(nranks)]
+    total = sum(weights) or 1
+    cuts, acc = [0], 0
+    for w in weights:
+        acc += w
+        cuts.append(count * acc // total)
+    cuts[-1] = count
+    return cuts
+
+
+def v_input(key: str, dtype: str, count: int, rank: int) -> np.ndarray:
+    """Rank `rank`'s buffer (small integers: sums are exact in every dtype)."""
+    rng = np.random.default_rng([len(key), count, rank])
+    return rng.integers(-20, 20, size=count).astype(dtype)

@@ -47,12 +47,19 @@ def test_the_per_gradient_allreduces_become_one_bucket_in_backward_order(monkeyp
     assert launch < sync < types.index("adam")               # the optimizer waits for it
 
 
-def test_a_bucket_holds_at_most_fuse_grad_size_in_MB(monkeypatch):
+def test_a_bucket_holds_at_most_fuse_grad_size_in_MB_but_one_steps_gradients_together(
+        monkeypatch):
     main = _dp_program(monkeypatch, layers=3)
     limit = 64 * 64 * 4 + 64 * 4                 # one hidden layer's weight and bias
     plan = _plan(main, fuse_grad_size_in_MB=limit / (1 << 20))
     assert len(plan.buckets) > 2
-    assert all(b.nbytes <= limit or len(b.names) == 1 for b in plan.buckets)
+    writer = {n: pos for pos, s in enumerate(plan.steps) for n in s.op.output_arg_names
+              if s.op.type not in ("bucket_allreduce", "bucket_wait")}
+    for b in plan.buckets:
+        sizes = [int(np.prod(shape)) * 4 for shape in b.shapes]
+        within = next((k for k in range(len(sizes), 0, -1) if sum(sizes[:k]) <= limit), 1)
+        # past the size only gradients that the step of the last one within it writes too
+        assert {writer[n] for n in b.names[within - 1:]} == {writer[b.names[within - 1]]}, b
     assert [n for b in plan.buckets for n in b.names] == [
         op.input("X")[0] for op in main.global_block().ops if op.type == "c_allreduce_sum"]
     # each bucket is launched as soon as its last gradient is written: before the next

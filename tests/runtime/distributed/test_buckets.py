@@ -99,20 +99,23 @@ def test_buckets_and_threads_are_what_the_strategy_asks(results, job, auto_threa
     assert threads["tiny_auto"] == auto_threads   # overlap over TCP, not over shared memory
 
 
-@pytest.mark.parametrize("transport", ["tcp", "auto"])
-def test_a_rank_dying_with_buckets_in_flight_fails_the_other_naming_it(tmp_path, transport):
+@pytest.mark.parametrize("transport, stage", [("tcp", 0), ("auto", 0), ("tcp", 2)])
+def test_a_rank_dying_with_buckets_in_flight_fails_the_other_naming_it(tmp_path, transport,
+                                                                     stage):
     import time
 
     spawner = Spawner(tmp_path)
     try:
         started = time.monotonic()
-        job = spawner("bucket_failure.py", 2, env={"RINGFLOW_COMM_TIMEOUT": "20",
-                                                  "RINGFLOW_TRANSPORT": transport})
+        job = spawner("bucket_failure.py", 2, args=[str(stage)],
+                      env={"RINGFLOW_COMM_TIMEOUT": "20", "RINGFLOW_TRANSPORT": transport})
         codes = job.wait(timeout=60)
         took = time.monotonic() - started
         assert codes == [17, 3], job.output()
         log = job.log(0)
-        assert "CommError: rank 0" in log and "ring 2" in log and "rank 1" in log, log
+        ring, op = ("ring 1", "reduce_scatter_v") if stage else ("ring 2", "all_reduce")
+        assert "CommError: rank 0" in log and ring in log and "rank 1" in log, log
+        assert op in log, log
         assert took < 20, f"took {took:.1f} s: the heartbeat, not the deadline, must see it"
         assert job.shm_segments() == []
     finally:

@@ -13,9 +13,12 @@ import pytest
 from tests.runtime.distributed.cases import (
     RS_CASES,
     TOLERANCE,
+    V_CASES,
     all_reduce_cases,
     reference,
     rs_input,
+    v_bounds,
+    v_input,
 )
 
 # small segments and slots so 6001 elements take many pipelined rounds, and counts above
@@ -137,6 +140,29 @@ def test_reduce_scatter_of_large_half_precision_empty_and_2d_blocks(results, wor
             want = {"SUM": parts.sum(0), "AVG": parts.mean(0), "MAX": parts.max(0)}[op]
             assert res[key].dtype == np.dtype(dtype) and res[key].shape == shape, key
             np.testing.assert_allclose(res[key].astype(np.float64), want, rtol=1e-3, err_msg=key)
+
+
+@params
+def test_reduce_scatter_v_leaves_each_rank_its_uneven_part_reduced(results, world, transport):
+    for rank, res in enumerate(results(world, transport)):
+        for key, dtype, count, cut in V_CASES:
+            a, b = v_bounds(count, cut, world)[rank:rank + 2]
+            want = sum(v_input(key, dtype, count, r).astype(np.int64) for r in range(world))
+            got = res[f"{key}|rs"]
+            assert got.dtype == np.dtype(dtype), key
+            np.testing.assert_array_equal(got.astype(np.int64), np.asarray(want)[a:b],
+                                          err_msg=key)
+
+
+@params
+def test_all_gather_v_after_reduce_scatter_v_is_the_all_reduce_on_every_rank(
+        results, world, transport):
+    per_rank = results(world, transport)
+    for key, dtype, count, _ in V_CASES:
+        want = sum(v_input(key, dtype, count, r).astype(np.int64) for r in range(world))
+        np.testing.assert_array_equal(per_rank[0][f"{key}|ag"].astype(np.int64),
+                                      np.broadcast_to(want, (count,)), err_msg=key)
+        _same_bytes_everywhere(per_rank, f"{key}|ag")
 
 
 @params

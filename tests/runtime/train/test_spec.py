@@ -10,7 +10,7 @@ import typing
 import pytest
 
 from ringflow.errors import ConfigError
-from ringflow.train.spec import FIELD_DOCS, FIELD_MINIMUMS, JobSpec
+from ringflow.train.spec import FIELD_DOCS, FIELD_MAXIMUMS, FIELD_MINIMUMS, JobSpec
 
 DEFAULTS = {
     "model": "transformer", "model_args": {}, "data": "synthetic",
@@ -18,11 +18,14 @@ DEFAULTS = {
     "grad_clip": None, "steps": 200, "global_batch_size": 32, "seed": 0,
     "tensor_parallel_degree": 1, "dtype": "float32", "log_every": 10,
     "checkpoint_dir": None, "checkpoint_every": 100, "resume": True, "amp": False,
-    "recompute": False,
+    "recompute": False, "sharding_stage": 0,
 }
 
 # (fields given, the message the ConfigError must contain)
 INVALID = [
+    ({"sharding_stage": 3}, "sharding_stage must be an integer in 0..2, got 3"),
+    ({"sharding_stage": -1}, "sharding_stage must be an integer in 0..2, got -1"),
+    ({"sharding_stage": True}, "sharding_stage must be an integer in 0..2, got True"),
     ({"amp": "yes"}, "amp must be true or false, got 'yes'"),
     ({"amp": True, "dtype": "float64"}, "amp trains float32 models"),
     ({"recompute": "all"}, "recompute must be true, false or a non-empty list of checkpoint "
@@ -181,7 +184,8 @@ def test_fields_are_introspectable_with_real_types_and_documented():
     assert typing.get_args(fields["dtype"].type) == ("float32", "float64")
     assert FIELD_MINIMUMS == {"steps": 1, "global_batch_size": 1, "seed": 0,
                               "tensor_parallel_degree": 1, "log_every": 1,
-                              "checkpoint_every": 1}
+                              "checkpoint_every": 1, "sharding_stage": 0}
+    assert FIELD_MAXIMUMS == {"sharding_stage": 2}
     with pytest.raises(dataclasses.FrozenInstanceError):
         JobSpec().steps = 3  # type: ignore[misc]
 

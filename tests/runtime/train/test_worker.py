@@ -122,7 +122,8 @@ def test_an_npz_job_trains_on_the_files_rows(train_here, tmp_path):
     assert out.losses[30] < 0.5 * out.losses[1]      # 20 points are learnt by heart
 
 
-def test_resume_with_another_layout_is_refused_naming_both(train_here, tmp_path):
+def test_resume_with_another_tensor_parallel_degree_is_refused_naming_both(train_here,
+                                                                           tmp_path):
     step = tmp_path / "ck" / "step-00000004"
     step.mkdir(parents=True)
     for r in range(2):
@@ -135,8 +136,8 @@ def test_resume_with_another_layout_is_refused_naming_both(train_here, tmp_path)
     assert out.stderr == (
         f"python -m ringflow.train: error: checkpoint {step} was written by a job of world "
         f"size 2 with tensor_parallel_degree 2; this job has world size 1 with "
-        f"tensor_parallel_degree 1: run it with the same layout, or set resume to false or "
-        f"another checkpoint_dir\n")
+        f"tensor_parallel_degree 1: run it with the same tensor_parallel_degree, or set "
+        f"resume to false or another checkpoint_dir\n")
 
 
 def test_resume_false_starts_over_and_replaces_later_checkpoints(train_here, tmp_path):

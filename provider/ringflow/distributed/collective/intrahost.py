@@ -19,7 +19,13 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ringflow.distributed.collective.ring import RingPlan, pieces, ring_plan, split_piece
+from ringflow.distributed.collective.ring import (
+    RingPlan,
+    pieces,
+    ranged_plan,
+    ring_plan,
+    split_piece,
+)
 from ringflow.distributed.collective.transport.base import Deadline, OpContext, spin_wait
 from ringflow.distributed.collective.transport.shm import SEQ, SIG0, Segment, copy_out
 
@@ -27,6 +33,12 @@ Ufunc = Callable[..., np.ndarray]
 
 
 class IntraHost:
+    """The collectives of a communicator whose ranks are all on this host (and the host
+    level of the two-level all-reduce). ``chunks`` arguments are (start, stop) by
+    position."""
+
+    name = "shm"
+
     def __init__(self, segments: list[Segment], pos: int, ranks: list[int], ctx: OpContext,
                  check: Callable[[], None], small_bytes: int) -> None:
         self.segs = segments  # by position
@@ -230,18 +242,30 @@ class IntraHost:
 
     def reduce_scatter(self, buf: np.ndarray, ufunc: Ufunc, deadline: Deadline) -> None:
         """Afterwards chunk `pos` of `buf` (n equal chunks) holds the reduction."""
+        self.reduce_scatter_v(buf, ring_plan(buf.size, self.n, 1, 1).chunks, ufunc, deadline)
+
+    def reduce_scatter_v(self, buf: np.ndarray, chunks, ufunc: Ufunc,
+                         deadline: Deadline) -> None:
+        """Afterwards ``buf[chunks[pos]]`` holds the reduction over every position (the
+        other chunks hold partial sums); ``chunks`` are (start, stop) by position, any
+        sizes."""
         self._deadline = deadline
-        sig = self._signature("reduce_scatter", buf, ufunc)
-        plan = ring_plan(buf.size, self.n, buf.itemsize, self.slot_bytes // self.n)
+        sig = self._signature("reduce_scatter_v", buf, tuple(chunks))
+        plan = ranged_plan(buf.size, chunks, buf.itemsize, self.slot_bytes // self.n)
         for k in range(plan.nsegments):
             self._all_reduce_round(buf, ufunc, plan, k, sig, gather=False)
 
     def all_gather_chunks(self, buf: np.ndarray, deadline: Deadline) -> None:
         """The second half of ``all_reduce`` after ``reduce_scatter``: chunk `pos` of `buf`
         is this position's, the others are copied in from their positions."""
+        self.all_gather_v(buf, ring_plan(buf.size, self.n, 1, 1).chunks, deadline)
+
+    def all_gather_v(self, buf: np.ndarray, chunks, deadline: Deadline) -> None:
+        """``buf[chunks[p]]`` is position p's for every p afterwards (this position's chunk
+        is read, the others written)."""
         self._deadline = deadline
-        sig = self._signature("all_gather_chunks", buf, None)
-        plan = ring_plan(buf.size, self.n, buf.itemsize, self.slot_bytes // self.n)
+        sig = self._signature("all_gather_v", buf, tuple(chunks))
+        plan = ranged_plan(buf.size, chunks, buf.itemsize, self.slot_bytes // self.n)
         dt, cap = buf.dtype, plan.segment_elems * buf.itemsize
         for k in range(plan.nsegments):
             slot, sig = self._begin_round(sig)
@@ -254,6 +278,42 @@ class IntraHost:
                 a, b = plan.segment(p, k)
                 copy_out(buf[a:b], self._slot_view(p, slot, dt, p * cap, b - a))
             self._end_round(slot)
+
+    def reduce_scatter_in_place(self, arrays: list[np.ndarray], chunks, ufunc: Ufunc,
+                                deadline: Deadline) -> None:
+        """``reduce_scatter_v`` of buffers in shared memory (``arrays[p]`` is position p's):
+        position p reduces chunk p where it lies, reading the peers' chunks directly. Two
+        hand-offs: all written, then all read (only then may a peer write its buffer)."""
+        self._deadline = deadline
+        buf = arrays[self.pos]
+        slot, sig = self._begin_round(self._signature("rs_in_place", buf, (ufunc, *chunks)))
+        self._post()
+        self._wait_all(self.seq)
+        self._check_sig(slot, sig)
+        a, b = chunks[self.pos]
+        mine = buf[a:b]
+        for p in self.peers:  # own values first, then the peers in position order
+            ufunc(mine, arrays[p][a:b], out=mine)
+        self._post()
+        self._wait_all(self.seq)
+        self._end_round(slot)
+
+    def all_gather_in_place(self, arrays: list[np.ndarray], chunks,
+                            deadline: Deadline) -> None:
+        """``all_gather_v`` of buffers in shared memory: each position copies the others'
+        chunks straight from their buffers. Two hand-offs: all chunks final, all copied."""
+        self._deadline = deadline
+        buf = arrays[self.pos]
+        slot, sig = self._begin_round(self._signature("ag_in_place", buf, tuple(chunks)))
+        self._post()
+        self._wait_all(self.seq)
+        self._check_sig(slot, sig)
+        for p in self.peers:
+            a, b = chunks[p]
+            copy_out(buf[a:b], arrays[p][a:b])
+        self._post()
+        self._wait_all(self.seq)
+        self._end_round(slot)
 
     def all_gather(self, buf: np.ndarray, out: np.ndarray, deadline: Deadline) -> None:
         """out[p] = position p's `buf`, for every position (out has shape (n, buf.size))."""
@@ -270,6 +330,9 @@ class IntraHost:
             for p in self.peers:
                 copy_out(out[p, a:b], self._slot_view(p, slot, buf.dtype, 0, b - a))
             self._end_round(slot)
+
+    def close(self, goodbye: bool = True) -> None:
+        """The segments are the communicator's, which closes them."""
 
     def broadcast(self, buf: np.ndarray, root_pos: int, deadline: Deadline) -> None:
         self._deadline = deadline

@@ -12,7 +12,7 @@ Words used throughout the collectives:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -58,11 +58,18 @@ class RingPlan:
 def ring_plan(count: int, nranks: int, itemsize: int, max_segment_bytes: int) -> RingPlan:
     if count < 0 or nranks < 1 or itemsize < 1:
         raise ValueError(f"bad plan request: count={count} nranks={nranks} itemsize={itemsize}")
-    chunks = tuple(split(count, nranks))
-    largest = chunks[0][1] - chunks[0][0]
+    return ranged_plan(count, split(count, nranks), itemsize, max_segment_bytes)
+
+
+def ranged_plan(count: int, chunks: Sequence[tuple[int, int]], itemsize: int,
+                max_segment_bytes: int) -> RingPlan:
+    """The plan of chunks given by their bounds (any sizes, empty ones too, not necessarily
+    in buffer order): the reduce-scatter and all-gather of uneven shards (``*_v``)."""
+    largest = max((b - a for a, b in chunks), default=0)
     per_segment = max(1, max_segment_bytes // itemsize)
     nsegments = max(1, -(-largest // per_segment))
-    return RingPlan(count, nranks, chunks, nsegments, -(-largest // nsegments) if largest else 0)
+    return RingPlan(count, len(chunks), tuple(chunks), nsegments,
+                    -(-largest // nsegments) if largest else 0)
 
 
 def reduce_scatter_steps(pos: int, n: int) -> list[tuple[int, int]]:
@@ -83,6 +90,13 @@ def ring_all_reduce(buf: np.ndarray, ufunc: Ufunc, link: Link, pos: int, n: int,
     """In-place all-reduce of the 1-D contiguous `buf` around the ring: per step, send one
     segment and receive one, so the next segment arrives while this one is reduced."""
     ring_reduce_scatter(buf, ufunc, link, pos, n, plan, deadline)
+    ring_all_gather_chunks(buf, link, pos, n, plan, deadline)
+
+
+def ring_all_gather_chunks(buf: np.ndarray, link: Link, pos: int, n: int, plan: RingPlan,
+                           deadline: Deadline) -> None:
+    """The all-gather half of ``ring_all_reduce``: position p starts holding chunk
+    (p + 1) % n of `buf` and every position ends holding every chunk."""
     for send_c, recv_c in all_gather_steps(pos, n):
         for k in range(plan.nsegments):
             s0, s1 = plan.segment(send_c, k)
@@ -147,3 +161,47 @@ def ring_broadcast(buf: np.ndarray, link: Link, pos: int, root_pos: int, n: int,
 
 def pieces(count: int, per: int) -> list[tuple[int, int]]:
     return split(count, max(1, -(-count // per))) if count else []
+
+
+class RingAlgorithm:
+    """The collectives over a ring of links in host-major order (TCP, with shared-memory
+    hops between neighbours of one host): the flat ring of a communicator whose ranks are
+    not all on one host. ``chunks`` arguments are (start, stop) by ring position."""
+
+    name = "ring"
+
+    def __init__(self, link: Link, pos: int, n: int, segment_bytes: int,
+                 small_bytes: int) -> None:
+        self.link, self.pos, self.n = link, pos, n
+        self.segment_bytes, self.small_bytes = segment_bytes, small_bytes
+
+    def all_reduce(self, flat: np.ndarray, ufunc: Ufunc, deadline: Deadline) -> None:
+        if flat.nbytes <= self.small_bytes:
+            ring_all_reduce_small(flat, ufunc, self.link, self.pos, self.n, deadline)
+            return
+        plan = ring_plan(flat.size, self.n, flat.itemsize, self.segment_bytes)
+        ring_all_reduce(flat, ufunc, self.link, self.pos, self.n, plan, deadline)
+
+    def _shifted(self, flat: np.ndarray, chunks) -> RingPlan:
+        # the ring leaves chunk (p + 1) % n at position p: chunk c is position c-1's range
+        by_chunk = [chunks[(c - 1) % self.n] for c in range(self.n)]
+        return ranged_plan(flat.size, by_chunk, flat.itemsize, self.segment_bytes)
+
+    def reduce_scatter_v(self, flat: np.ndarray, chunks, ufunc: Ufunc,
+                         deadline: Deadline) -> None:
+        ring_reduce_scatter(flat, ufunc, self.link, self.pos, self.n,
+                            self._shifted(flat, chunks), deadline)
+
+    def all_gather_v(self, flat: np.ndarray, chunks, deadline: Deadline) -> None:
+        ring_all_gather_chunks(flat, self.link, self.pos, self.n, self._shifted(flat, chunks),
+                               deadline)
+
+    def all_gather(self, flat: np.ndarray, out: np.ndarray, deadline: Deadline) -> None:
+        ring_all_gather(out, self.link, self.pos, self.n, self.segment_bytes, deadline)
+
+    def broadcast(self, flat: np.ndarray, root_pos: int, deadline: Deadline) -> None:
+        ring_broadcast(flat, self.link, self.pos, root_pos, self.n, self.segment_bytes,
+                       deadline)
+
+    def close(self, goodbye: bool = True) -> None:
+        """The link is the communicator's, which closes it."""

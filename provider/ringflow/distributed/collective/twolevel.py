@@ -60,10 +60,18 @@ def layout_for(ips_in_ring_order: Sequence[str], pos: int) -> Layout | None:
 
 class TwoLevel:
     """all_reduce over `local` (this host's ranks, shared memory) and `cross` (a TCP ring of
-    the ranks at this local position, one per host)."""
+    the ranks at this local position, one per host); the other collectives go around
+    `flat`, the communicator's host-major ring."""
+
+    name = "two-level"
 
     def __init__(self, layout: Layout, local: IntraHost, cross: Link, tcp_small_bytes: int,
-                 segment_bytes: int) -> None:
+                 segment_bytes: int, flat: ring.RingAlgorithm) -> None:
+        self.flat = flat
+        self.reduce_scatter_v = flat.reduce_scatter_v
+        self.all_gather_v = flat.all_gather_v
+        self.all_gather = flat.all_gather
+        self.broadcast = flat.broadcast
         self.layout = layout
         self.local = local  # its segments belong to the communicator, which closes them
         self.cross = cross

@@ -30,8 +30,10 @@ class TensorParallelOptimizer(MetaOptimizerBase):
             "tensor_parallel_degree"]
 
     def _can_apply(self) -> bool:
-        return bool(self.role_maker._is_collective
-                    and self.user_defined_strategy.tensor_parallel)
+        # with sharding on too, ShardingOptimizer runs this rewrite with its own rings
+        strategy = self.user_defined_strategy
+        return bool(self.role_maker._is_collective and strategy.tensor_parallel
+                    and not (strategy.sharding and self.role_maker._worker_num() > 1))
 
     def _disable_strategy(self, dist_strategy) -> None:
         # Not the seed's ``= {}`` (a no-op merge): the degree really goes back to 1.

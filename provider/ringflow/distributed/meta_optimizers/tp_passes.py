@@ -25,6 +25,7 @@ from ...framework.roles import (
     is_optimizer_op,
     is_update_op,
 )
+from ...ops.update_rules import RULES
 from ...optimizer.clip import distributed_sq_ops
 
 
@@ -216,16 +217,14 @@ def insert_found_inf_allreduce(block: Block, ring_ids: Sequence[int]) -> list[Op
     return inserted
 
 
-_TRUST_RATIO_OPS = ("lamb", "lars_momentum")
-
-
 def mark_sharded_updates(block: Block, ring_id: int) -> list[Operator]:
     """Lamb and LARS scale a parameter's step by norms of the whole parameter: their update
     ops of sharded parameters get ``ring_id``, over which the kernel all-reduces its partial
     sums of squares (ringflow's addition; Paddle uses the shard's norms)."""
     marked = []
     for op in block.find_ops(is_update_op):
-        if op.type not in _TRUST_RATIO_OPS:
+        rule = RULES.get(op.type)
+        if rule is None or not rule.whole_norms:
             continue
         param = block._find_var_recursive(op.input("Param")[0])
         if getattr(param, "is_distributed", False):

@@ -32,10 +32,13 @@ CASES = {
 STEPS, BATCH, SEED = 4, 16, 5
 
 
-def build(mp: int, dtype: str):
+def build(mp: int, dtype: str, sharding_stage: int = 0):
     strategy = fleet.DistributedStrategy()
     strategy.tensor_parallel = True
     strategy.tensor_parallel_configs = {"tensor_parallel_degree": mp}
+    if sharding_stage:
+        strategy.sharding = True
+        strategy.sharding_configs = {"stage": sharding_stage}
     main, startup = rf.Program(), rf.Program()
     main.random_seed = startup.random_seed = SEED
     with rf.program_guard(main, startup):

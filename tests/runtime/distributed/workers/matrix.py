@@ -9,7 +9,15 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[4]))  # the repository root
 
 import numpy as np
-from tests.runtime.distributed.cases import RS_CASES, all_reduce_cases, make_input, rs_input
+from tests.runtime.distributed.cases import (
+    RS_CASES,
+    V_CASES,
+    all_reduce_cases,
+    make_input,
+    rs_input,
+    v_bounds,
+    v_input,
+)
 
 import ringflow.distributed as dist
 
@@ -20,6 +28,19 @@ def run_all_reduces(out: dict) -> None:
         y = dist.all_reduce(x, op=getattr(dist.ReduceOp, case.op))
         assert y is x
         out[case.key] = x
+
+
+def run_v_collectives(out: dict) -> None:
+    """reduce_scatter_v then all_gather_v of the same buffer: an all-reduce by halves."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    comm = dist.get_ring(dist.get_group().id)
+    for key, dtype, count, cut in V_CASES:
+        bounds = v_bounds(count, cut, n)
+        buf = v_input(key, dtype, count, rank)
+        assert comm.reduce_scatter_v(buf, bounds) is buf
+        out[f"{key}|rs"] = buf[bounds[rank]:bounds[rank + 1]].copy()
+        assert comm.all_gather_v(buf, bounds) is buf
+        out[f"{key}|ag"] = buf
 
 
 def run_others(out: dict) -> None:
@@ -81,6 +102,7 @@ def main() -> None:
     run_all_reduces(out)
     run_all_reduces({})  # a second pass on the same rings: no state leaks between calls
     run_others(out)
+    run_v_collectives(out)
     np.savez(f"rank{dist.get_rank()}.npz", **out)
     dist.destroy_process_group()
     print(f"rank {dist.get_rank()} done", flush=True)

@@ -3,7 +3,13 @@ memory), mixed with plain all-reduces on the same ring; writes rank<N>.npz."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[4]))  # the repository root
+
 import numpy as np
+from tests.runtime.distributed.cases import v_bounds
 
 import ringflow.distributed as dist
 
@@ -25,6 +31,15 @@ def main() -> None:
         plain = np.full(5000, rank + 1.0)
         dist.all_reduce(plain)
         out[f"plain-{step}"] = plain
+    for count, dtype in CASES:   # the sharded step's halves, where the arrays lie
+        arr = comm.shared_array(count, dtype)
+        for cut in ("even", "skewed", "back"):
+            bounds = v_bounds(count, cut, comm.nranks)
+            arr[...] = (np.arange(count) % 1000 + 1) * (rank + 1)
+            assert comm.reduce_scatter_v(arr, bounds) is arr
+            out[f"v-{count}-{dtype}-{cut}-rs"] = arr[bounds[rank]:bounds[rank + 1]].copy()
+            assert comm.all_gather_v(arr, bounds) is arr
+            out[f"v-{count}-{dtype}-{cut}-ag"] = arr.copy()
     out["zeroed"] = np.array([all(a.size == 0 or a.flags.writeable for a in arrays)])
     np.savez(f"rank{rank}.npz", **out)
     dist.destroy_process_group()
