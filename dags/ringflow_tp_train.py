@@ -61,6 +61,9 @@ PARAMS = {
                                                 "nproc_per_host"),
     "nproc_per_host": Param(2, type="integer", minimum=1, maximum=64, section=LAYOUT,
                             description="Worker processes (ranks) on this worker"),
+    "sharding_stage": Param(0, type="integer", enum=[0, 1, 2], section=LAYOUT,
+                            description="Shard the optimizer state (1), and the gradients too "
+                                        "(2), over the data-parallel ranks; 0: off"),
     # null, not "": the trigger form sends an emptied text field as null
     "hosts": Param(None, type=["null", "string"], section=HOSTS,
                    pattern=r"^[A-Za-z0-9.,: _-]*$",
@@ -115,6 +118,7 @@ with DAG(
         recompute="{{ params.recompute }}",
         tensor_parallel_degree="{{ params.tensor_parallel_degree }}",
         nproc_per_host="{{ params.nproc_per_host }}",
+        sharding_stage="{{ params.sharding_stage }}",
         log_every="{{ params.log_every }}",
         hosts="{{ params.hosts or '' }}",
         launcher="{{ params.launcher }}",

@@ -7,7 +7,6 @@ the SSH behaviour quickly; test_airflow_cli.py runs the operator through real Ai
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -22,7 +21,8 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException, Airfl
 
 from ringflow_provider.operators.poprun import PopRunOperator
 from ringflow_provider.poprun import FIELD_NAMES, build_poprun_argv, parse_config
-from tests.provider.conftest import BAD_KEY_CONN_ID, REPO, wait_until
+from tests.provider import task_process
+from tests.provider.conftest import BAD_KEY_CONN_ID, wait_until
 from tests.provider.contexts import TaskInstanceStub
 
 pytestmark = [pytest.mark.ssh]
@@ -327,23 +327,6 @@ def test_on_kill_kills_the_remote_group_returns_at_once_and_fails_execute(sshd, 
     assert "was killed (on_kill)" in str(outcome["error"])
 
 
-FIRST_TRY = """
-import sys
-from ringflow_provider.operators.poprun import PopRunOperator
-from tests.provider.contexts import TaskInstanceStub
-
-class Echo:
-    def _say(self, msg, *args, **kwargs):
-        print(msg % args if args else msg, flush=True)
-
-    debug = info = warning = error = exception = _say
-
-op = PopRunOperator(**{args!r})
-op._cached_logger = Echo()
-op.execute({{"ti": TaskInstanceStub("ringflow_test", "poprun", {run_id!r}, 1, max_tries=1)}})
-"""
-
-
 def first_try_killed(sshd, ssh_conn, script, run_id, wait_for):
     """Try 1 in a task process of its own (a retry may follow: max_tries 1), SIGKILLed
     once its job printed `wait_for`: as a worker that dies mid-job."""
@@ -351,24 +334,7 @@ def first_try_killed(sshd, ssh_conn, script, run_id, wait_for):
                 num_ipus=1, ipu_partition="pod16", vipu_server="vipu.test",
                 training_script=script, ssh_conn_id=ssh_conn, conn_timeout=5,
                 remote_state_dir=str(sshd.state_dir))
-    task = sshd.work_dir / f"task-{uuid.uuid4().hex[:6]}.py"
-    task.write_text(FIRST_TRY.format(args=args, run_id=run_id))
-    proc = subprocess.Popen([sys.executable, str(task)], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, cwd=REPO,
-                            env={**os.environ, "PYTHONPATH": str(REPO)})
-    seen = []
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            seen.append(line)
-            if line.strip() == wait_for or not line:
-                break
-        assert seen[-1].strip() == wait_for, "".join(seen)
-    finally:
-        proc.kill()
-        proc.wait(10)
-        proc.stdout.close()
+    task_process.killed(sshd.work_dir, PopRunOperator, args, "ringflow_test", run_id, wait_for)
 
 
 def test_a_retry_attaches_to_the_job_the_earlier_try_left_running(sshd, ssh_conn):

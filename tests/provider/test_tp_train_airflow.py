@@ -100,7 +100,7 @@ def test_the_example_dag_has_typed_params_in_sections_and_declares_its_asset():
         "model", "steps", "global_batch_size", "tensor_parallel_degree", "nproc_per_host",
         "learning_rate", "optimizer_type", "seed", "log_every", "amp", "recompute",
         "hosts", "launcher", "ssh_conn_id", "python", "deferrable", "poll_interval",
-        "on_existing"}
+        "on_existing", "sharding_stage"}
     for name in dag.params:
         schema = dag.params.get_param(name).schema
         assert schema.get("type") and schema.get("section"), name

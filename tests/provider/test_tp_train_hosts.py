@@ -10,11 +10,9 @@ task process leave no process and no segment on any host; a retry resumes on eve
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
-import textwrap
 import threading
 import time
 import uuid
@@ -26,7 +24,8 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from ringflow.train.metrics import parse_train_line
 from ringflow_provider.operators.tp_train import TPTrainOperator
-from tests.provider.conftest import REPO, wait_until
+from tests.provider import task_process
+from tests.provider.conftest import wait_until
 from tests.provider.contexts import TaskInstanceStub
 from tests.provider.deferral import execute_deferred, first_event, remake
 from tests.provider.test_poprun_operator import RecordingLog
@@ -170,37 +169,12 @@ def test_on_kill_stops_every_agent_and_a_retry_resumes_on_every_host(two_hosts, 
 def test_sigkill_of_the_task_process_stops_every_agent(two_hosts, ns_hosts, tmp_path,
                                                        launcher):
     hosts, conns = two_hosts
-    script = tmp_path / "task.py"
-    script.write_text(textwrap.dedent(f"""
-        from ringflow_provider.operators.tp_train import TPTrainOperator
-        from tests.provider.contexts import TaskInstanceStub
-
-        class Echo:
-            def _say(self, msg, *args, **kwargs):
-                print(msg % args if args else msg, flush=True)
-            debug = info = warning = error = exception = _say
-
-        op = TPTrainOperator(task_id="train", hosts={hosts!r}, ssh_conn_id={conns!r},
-                             python="/usr/bin/python3", model="mlp", steps=100000,
-                             log_every=1, model_args={{"hidden_size": 256}},
-                             tensor_parallel_degree=2, checkpoint_dir=None,
-                             launcher={launcher!r})
-        op._cached_logger = Echo()
-        op.execute({{"ti": TaskInstanceStub("d", "train", "r-sigkill", 1)}})
-        """))
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, cwd=REPO,
-                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    args = dict(task_id="train", hosts=hosts, ssh_conn_id=conns, python="/usr/bin/python3",
+                model="mlp", steps=100000, log_every=1, model_args={"hidden_size": 256},
+                tensor_parallel_degree=2, checkpoint_dir=None, launcher=launcher)
+    proc = task_process.start(tmp_path, TPTrainOperator, args, "d", "r-sigkill", max_tries=0)
     try:
-        deadline, seen = time.monotonic() + 120, []
-        while time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            seen.append(line)
-            if line.startswith("step 3/"):
-                break
-        else:
-            pytest.fail("no progress line:\n" + "".join(seen[-30:]))
-
+        task_process.wait_for_line(proc, "step 3/", 120)
         assert all(ns_hosts[i].leftovers() for i in range(2))   # the job runs on both
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
@@ -208,6 +182,7 @@ def test_sigkill_of_the_task_process_stops_every_agent(two_hosts, ns_hosts, tmp_
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
+        proc.stdout.close()
     # no later try could attach (no retries): the follows' channels end with the task
     # process, and their supervisors stop the job
     for i in range(2):

@@ -13,7 +13,6 @@ import math
 import os
 import re
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -27,6 +26,7 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from ringflow_provider.operators.tp_train import TPTrainOperator
 from tests.procs import marked_processes
+from tests.provider import task_process
 from tests.provider.conftest import REPO, wait_until
 from tests.provider.contexts import TaskInstanceStub
 from tests.provider.test_poprun_operator import RecordingLog
@@ -259,39 +259,15 @@ def test_a_retry_resumes_from_the_newest_checkpoint_and_says_so(make, tmp_path):
 
 
 def test_sigkill_of_the_task_process_leaves_no_rank_and_no_segment(tmp_path):
+    """Its last try (no retry could attach): the job stops with the task process."""
     mark = uuid.uuid4().hex
-    script = tmp_path / "task.py"
-    script.write_text(f"""
-import sys
-from ringflow_provider.operators.tp_train import TPTrainOperator
-from tests.provider.contexts import TaskInstanceStub
-
-class Echo:
-    def _say(self, msg, *args, **kwargs):
-        print(msg % args if args else msg, flush=True)
-
-    debug = info = warning = error = exception = _say
-
-op = TPTrainOperator(task_id="train", model="mlp", steps=100000, log_every=1,
-                     model_args={{"hidden_size": 512}}, tensor_parallel_degree=2,
-                     checkpoint_dir=None, log_dir={str(tmp_path / "logs")!r},
-                     extra_env={{"TP_TEST_MARK": {mark!r}, "PYTHONPATH": {str(REPO)!r}}})
-op._cached_logger = Echo()
-op.execute({{"ti": TaskInstanceStub("d", "train", "r", 1)}})
-""")
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, cwd=REPO,
-                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    args = dict(task_id="train", model="mlp", steps=100000, log_every=1,
+                model_args={"hidden_size": 512}, tensor_parallel_degree=2, checkpoint_dir=None,
+                log_dir=str(tmp_path / "logs"),
+                extra_env={"TP_TEST_MARK": mark, "PYTHONPATH": str(REPO)})
+    proc = task_process.start(tmp_path, TPTrainOperator, args, "d", "r", max_tries=0)
     try:
-        seen = []
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            seen.append(line)
-            if line.startswith("step 3/"):
-                break
-        else:
-            pytest.fail("no progress line:\n" + "".join(seen))
+        task_process.wait_for_line(proc, "step 3/", 60)
         assert len(marked(mark)) >= 3       # the launcher and its two ranks
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
@@ -301,6 +277,7 @@ op.execute({{"ti": TaskInstanceStub("d", "train", "r", 1)}})
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
+        proc.stdout.close()
 
 
 def test_a_nan_loss_fails_without_retry_naming_the_step(make):
@@ -312,43 +289,11 @@ def test_a_nan_loss_fails_without_retry_naming_the_step(make):
     assert "at step" in message and "not retried" in message
 
 
-TASK_PROCESS = """
-from ringflow_provider.operators.tp_train import TPTrainOperator
-from tests.provider.contexts import TaskInstanceStub
-
-class Echo:
-    def _say(self, msg, *args, **kwargs):
-        print(msg % args if args else msg, flush=True)
-
-    debug = info = warning = error = exception = _say
-
-op = TPTrainOperator(**{args!r})
-op._cached_logger = Echo()
-op.execute({{"ti": TaskInstanceStub("tp_test", "train", {run_id!r}, 1, max_tries=1)}})
-"""
-
-
 def killed_task_process(tmp_path, run_id: str, until: str, **args) -> None:
     """Try 1 of a task that may be retried, in a task process of its own, SIGKILLed once its
     log shows a line starting with `until` (a worker dying mid-job)."""
-    script = tmp_path / f"task-{uuid.uuid4().hex[:6]}.py"
-    script.write_text(TASK_PROCESS.format(args={"task_id": "train", **args}, run_id=run_id))
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, cwd=REPO,
-                            env={**os.environ, "PYTHONPATH": str(REPO)})
-    seen = []
-    try:
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            seen.append(line)
-            if line.startswith(until) or not line:
-                break
-        assert seen[-1].startswith(until), "".join(seen[-30:])
-    finally:
-        proc.kill()
-        proc.wait(10)
-        proc.stdout.close()
+    task_process.killed(tmp_path, TPTrainOperator, {"task_id": "train", **args}, "tp_test",
+                        run_id, until)
 
 
 def job_args(tmp_path, mark: str, **overrides) -> dict:

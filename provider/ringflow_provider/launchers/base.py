@@ -280,6 +280,22 @@ class Launcher:
             t.join(max(0.0, deadline - time.monotonic()))
         return said
 
+    def sweep_shm(self, job_id: str, runtime: Runtime,
+                  hosts: Sequence[str] | None = None) -> dict[str, str]:
+        """Remove what a ringflow job left in /dev/shm on every host (this user's segments
+        whose creator is gone: ringflow's own rule); what each host said. Best effort: a
+        host that cannot be reached says so, it is no failure of its own."""
+        def sweep(host: str) -> str:
+            try:
+                code, out, err = self.run(host, commands.sweep_command(runtime, job_id),
+                                          timeout=self.conn_timeout)
+            except LaunchError as exc:
+                return str(exc)
+            said = (out + err).strip().splitlines()
+            return said[-1] if said else f"exit {code}"
+
+        return self.on_every_host(sweep, "sweeping shared memory", hosts)
+
     # -- earlier tries ---------------------------------------------------------------------
     def task_jobs(self, task: TaskKey) -> list[JobHandle]:
         """The jobs of earlier tries of `task` that this launcher's first host knows of,

@@ -17,7 +17,6 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException, Airfl
 from pydantic import TypeAdapter
 
 from ringflow.errors import LaunchError, RingflowError
-from ringflow.launch.exits import describe_exit
 from ringflow_provider.hooks.multi_ssh import MultiHostSSHHook
 from ringflow_provider.jobs.masking import Secrets
 from ringflow_provider.launchers import commands
@@ -37,6 +36,7 @@ from ringflow_provider.poprun import (
     validate_field,
 )
 from ringflow_provider.poprun.models import check_host
+from ringflow_provider.poprun.outcome import exit_problem
 
 __all__ = ["CPU_POPRUN", "ON_KILL_BUDGET_S", "PopRunOperator"]
 
@@ -398,49 +398,30 @@ class PopRunOperator(RingflowJobOperator):
                 "duration_s": 0.0, "dry_run": False}
 
     def _sweep_segments(self, handle: JobHandle) -> None:
-        """Remove what a ringflow job left in /dev/shm on every host of the job (segments of
-        this user whose creator is gone: ringflow's own rule) now that it ended. Best effort:
-        a host that cannot be reached is logged, never a failure of its own."""
+        """A ringflow job's shared memory that a crash left, removed on every host of it."""
         if self._sweep is None or self._killed:
             return
         python, job_id, hosts = self._sweep
         launcher = SSHLauncher(hosts, log=self.log, python=python,
                                conns={h: self.ssh_conn_id for h in hosts},
                                conn_timeout=self.conn_timeout)
-        runtime = commands.Runtime(python, handle.pythonpath)
-
-        def sweep(host: str) -> str:
-            try:
-                code, out, err = launcher.run(host, commands.sweep_command(runtime, job_id),
-                                              timeout=self.conn_timeout)
-            except RingflowError as exc:
-                return f"shm sweep on {host}: {exc}"
-            said = (out + err).strip().splitlines()
-            return f"shm sweep on {host}: {said[-1] if said else f'exit {code}'}"
-
         try:
-            for said in launcher.on_every_host(sweep, "sweeping shared memory").values():
-                self.log.info("%s", said)
+            said = launcher.sweep_shm(job_id, commands.Runtime(python, handle.pythonpath))
         finally:
             launcher.close()
+        for host in hosts:
+            self.log.info("shm sweep on %s: %s", host, said.get(host))
 
     def _check_exit(self, exit_code: int, tail: list[str], host: str,
                     final: dict[str, Any]) -> None:
         if self._killed:
             raise AirflowException(f"PopRun job {self._handle.task if self._handle else ''} on "
                                    f"{host!r} was killed (on_kill)")
-        if exit_code == 0 and final.get("state") == "ended":
-            return
-        if exit_code in self.skip_on_exit_code:
-            raise AirflowSkipException(f"PopRun exited with {exit_code} on {host!r}: skipped")
-        lines = "\n".join(tail)
-        if final.get("state") == "lost":
-            how = ("without an exit status (its supervisor vanished: the host rebooted, or "
-                   "it was killed)")
-        else:
-            how = f"with {describe_exit(exit_code)}"
-        raise AirflowException(self._secrets.mask(
-            f"PopRun failed on {host!r} {how}; last {len(tail)} lines:\n{lines}"))
+        problem = exit_problem(exit_code, tail, host, final, self.skip_on_exit_code)
+        if problem is not None:
+            kind, message = problem
+            raise (AirflowSkipException if kind == "skip" else AirflowException)(
+                self._secrets.mask(message))
 
     def _stop_after_failure(self, handle: JobHandle, host: str) -> str:
         """A job outlives a failed stream (cmd_timeout, dropped link) and Airflow calls no

@@ -16,7 +16,6 @@ import os
 import secrets as token_source
 import time
 import uuid
-from pathlib import Path
 from typing import Any, ClassVar
 
 from airflow.sdk import Asset
@@ -31,24 +30,19 @@ from ringflow_provider.launchers.base import Launcher
 from ringflow_provider.launchers.job import JobHandle, TaskKey
 from ringflow_provider.launchers.lines import JobLine
 from ringflow_provider.launchers.local import ringflow_home
-from ringflow_provider.launchers.outcome import part_failure, rank_failure
 from ringflow_provider.operators.base import RingflowJobOperator
+from ringflow_provider.tp_train import outcome
 from ringflow_provider.tp_train.args import (
     base_port,
     connections,
     env_dict,
     host_list,
+    interpreter,
     launcher_name,
     positive_int,
     try_number,
 )
-from ringflow_provider.tp_train.report import (
-    JobReport,
-    Presenter,
-    failure_cause,
-    plot_loss,
-    text_chart,
-)
+from ringflow_provider.tp_train.report import JobReport, Presenter
 from ringflow_provider.tp_train.spec import SPEC_FIELDS, parse_spec, path_part
 
 __all__ = ["DEFAULT_CHECKPOINT_DIR", "DEFAULT_LOG_DIR", "TPTrainOperator", "ringflow_home"]
@@ -61,8 +55,6 @@ DEFAULT_CHECKPOINT_DIR = "{home}/checkpoints/{dag_id}/{run_id}/{task_id}"
 REMOTE_LOG_DIR = ".ringflow/runs/{dag_id}/{run_id}/{task_id}/try-{try_number}"
 REMOTE_CHECKPOINT_DIR = ".ringflow/checkpoints/{dag_id}/{run_id}/{task_id}"
 _DEFAULT = "default"
-# exit codes of ringflow.train that a retry cannot fix: a bad spec (2), a NaN/inf loss (3)
-_NO_RETRY = {2: "the job spec or checkpoint was refused", 3: "the loss became NaN or inf"}
 _STOP_GRACE_S = 10.0  # the supervisor's SIGTERM -> SIGKILL; the agent's own grace is 5 s
 
 
@@ -106,6 +98,9 @@ class TPTrainOperator(RingflowJobOperator):
     :param recompute: recompute activations in the backward pass: True for the model's
         natural checkpoints (each block's output), or a list of checkpoint variable names;
         default False (templated)
+    :param sharding_stage: shard the optimizer state (1) and the gradients too (2) over the
+        data-parallel ranks (fleet's sharding, ZeRO stages 1 and 2); 0 (default): every
+        data-parallel rank holds all of it (templated)
 
     How it runs:
 
@@ -164,7 +159,8 @@ class TPTrainOperator(RingflowJobOperator):
                  dtype: str = "float32", log_every: int | str = 10,
                  checkpoint_dir: str | None = _DEFAULT, checkpoint_every: int | str = 100,
                  resume: bool | str = True, amp: bool | str = False,
-                 recompute: bool | list[str] | str = False, nproc_per_host: int | str = 2,
+                 recompute: bool | list[str] | str = False,
+                 sharding_stage: int | str = 0, nproc_per_host: int | str = 2,
                  log_dir: str | None = None, extra_env: dict | str | None = None,
                  secret_env: dict | str | None = None, hosts: list[str] | str | None = None,
                  ssh_conn_id: str | dict = MultiHostSSHHook.default_conn_name,
@@ -181,7 +177,7 @@ class TPTrainOperator(RingflowJobOperator):
             tensor_parallel_degree, dtype, log_every)
         self.checkpoint_dir, self.checkpoint_every, self.resume = (
             checkpoint_dir, checkpoint_every, resume)
-        self.amp, self.recompute = amp, recompute
+        self.amp, self.recompute, self.sharding_stage = amp, recompute, sharding_stage
         self.nproc_per_host, self.log_dir = nproc_per_host, log_dir
         self.extra_env, self.secret_env = extra_env or {}, secret_env or {}
         self.hosts, self.ssh_conn_id, self.python = hosts, ssh_conn_id, python
@@ -241,7 +237,7 @@ class TPTrainOperator(RingflowJobOperator):
             if hosts:
                 plan.update(conns=connections(self.ssh_conn_id, hosts),
                             log_dir=(self.log_dir or REMOTE_LOG_DIR).format(**ids),
-                            python=_interpreter(self.python), launcher=launcher_name(
+                            python=interpreter(self.python), launcher=launcher_name(
                                 self.launcher), base_port=base_port(self.base_port, nproc))
             else:
                 plan["log_dir"] = os.path.expanduser((self.log_dir or DEFAULT_LOG_DIR)
@@ -346,90 +342,23 @@ class TPTrainOperator(RingflowJobOperator):
                finals: dict[str, dict[str, Any]]) -> dict[str, Any]:
         """The summary (XCom), the plot and the Asset event of a job that succeeded; the
         failure of one that did not: the same whether it was watched here or deferred."""
-        if any(f.get("state") != "ended" or f.get("exit_code") != 0 for f in finals.values()):
-            self._fail(handle, report, finals)
-        extra = handle.extra
-        world = extra.get("nproc_per_host", 1) * len(handle.hosts)
-        summary = self._summary(handle, world, report)
-        first = handle.hosts[0] if handle.show_hosts else os.uname().nodename
+        if outcome.failed(finals):
+            message, code = outcome.failure(handle, report, finals)
+            message = self._secrets.mask(message)
+            if code in outcome.NO_RETRY:
+                raise AirflowFailException(f"{message}\n(not retried: {outcome.NO_RETRY[code]})")
+            raise AirflowException(message)
+        summary, messages = outcome.summarize(handle, report, self.task_id)
+        for message in messages:
+            self.log.info("%s", message)
         self.log.info("training finished %.1f s after the job started%s: final loss %s",
                       time.time() - handle.started_at,
                       f" on {len(handle.hosts)} hosts" if handle.show_hosts else "",
                       json.dumps(summary["final_loss"]))
-        self._emit_asset_event(context, summary, first)
-        return summary
-
-    def _fail(self, handle: JobHandle, report: JobReport,
-              finals: dict[str, dict[str, Any]]) -> None:
-        hosts: list[str | None] = list(handle.hosts) if handle.show_hosts else [None]
-        first = report.first_failure(hosts)
-        if first is not None:
-            host, entry = first
-            message, code = rank_failure(report, host, entry, handle.log_dir, failure_cause,
-                                         handle.hosts[0])
-        else:
-            bad = next((h for h, f in finals.items() if f.get("state") != "ended"
-                        or f.get("exit_code") != 0), next(iter(finals), None))
-            shown = bad if handle.show_hosts else None
-            message, code = part_failure(report, shown, finals.get(bad, {}), handle.hosts[0])
-        message = self._secrets.mask(message)
-        if code in _NO_RETRY:
-            raise AirflowFailException(f"{message}\n(not retried: {_NO_RETRY[code]})")
-        raise AirflowException(message)
-
-    def _summary(self, handle: JobHandle, world: int, report: JobReport) -> dict[str, Any]:
-        job = report.summary or {}
-        mp = handle.extra.get("mp_degree", 1)
-        homes = handle.extra.get("homes", {})
-        first = handle.hosts[0]
-        plot, said = self._plot(handle, report, mp, world)
-        self.log.info("%s", said)
-        chart = text_chart(report.history)
-        if chart:
-            self.log.info("loss by step:\n%s", chart)
-        summary = {"final_loss": job.get("final_loss"),
-                   "loss_history": [[s, v] for s, v in report.history],
-                   "samples_per_s": job.get("samples_per_s"), "steps": job.get("steps"),
-                   "world_size": world, "mp_degree": mp, "dp_degree": world // mp,
-                   "checkpoint": job.get("checkpoint"), "log_dir": handle.log_dir,
-                   "plot": plot, "resumed_from": job.get("resumed_from")}
-        if handle.show_hosts:
-            summary.update(hosts=list(handle.hosts),
-                           checkpoint=_absolute(summary["checkpoint"], homes.get(first)),
-                           log_dir=f"{first}:{_absolute(handle.log_dir, homes.get(first))}")
-        return summary
-
-    def _plot(self, handle: JobHandle, report: JobReport, mp: int,
-              world: int) -> tuple[str | None, str]:
-        """The loss plot goes beside this worker's logs (a remote job's logs are on its
-        hosts: the plot then goes to this worker's default log folder of the try)."""
-        folder = Path(handle.log_dir) if not handle.show_hosts and handle.log_dir else \
-            Path(ringflow_home()) / "runs" / path_part(handle.task.dag_id) / \
-            path_part(handle.task.run_id) / path_part(handle.task.task_id) / \
-            f"try-{handle.try_number}"
-        folder.mkdir(parents=True, exist_ok=True)
-        return plot_loss(report.history, folder / "loss.png",
-                         f"{self.task_id}: {handle.extra.get('model')}, mp {mp} x dp "
-                         f"{world // mp}")
-
-    def _emit_asset_event(self, context: Any, summary: dict[str, Any], host: str) -> None:
         asset, events = self.asset, context.get("outlet_events")
-        if asset is None or events is None:
-            return
-        events[asset].extra = {"checkpoint": summary["checkpoint"], "host": host,
-                               "step": summary["steps"], "final_loss": summary["final_loss"]}
-
-
-def _absolute(path: str | None, home: str | None) -> str | None:
-    """A path the agents saw relative to their working folder (the login's home)."""
-    if not path or path.startswith("/") or not home:
-        return path
-    return f"{home.rstrip('/')}/{path}"
-
-
-def _interpreter(value: Any) -> str:
-    """The hosts' python: a command or a path, never something an option parser reads."""
-    text = str(value or "").strip()
-    if not text or text.startswith("-") or any(ord(c) < 32 for c in text):
-        raise ValueError(f"python must be an interpreter's name or path, got {value!r}")
-    return text
+        if asset is not None and events is not None:
+            host = handle.hosts[0] if handle.show_hosts else os.uname().nodename
+            events[asset].extra = {"checkpoint": summary["checkpoint"], "host": host,
+                                   "step": summary["steps"],
+                                   "final_loss": summary["final_loss"]}
+        return summary

@@ -1,12 +1,9 @@
-"""TPTrainOperator's argument rules and small helpers, without Airflow: numbers, env
-mappings, the hosts list and its SSH connections, the default folders, how an exit code
-reads, the tail of a rank's log."""
+"""TPTrainOperator's argument rules, without Airflow: numbers, env mappings, the hosts list
+and its SSH connections, the launcher's name, the hosts' interpreter, the ports."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from ringflow import naming
@@ -14,12 +11,6 @@ from ringflow.errors import ConfigError
 from ringflow_provider.rendered import json_text
 
 LAUNCHERS = ("ssh", "mpirun")
-
-
-def ringflow_home() -> str:
-    """The folder of the default log and checkpoint folders on this host: $RINGFLOW_HOME,
-    else ~/.ringflow."""
-    return os.path.expanduser(os.environ.get("RINGFLOW_HOME") or "~/.ringflow")
 
 
 def try_number(ti: Any) -> int:
@@ -88,6 +79,14 @@ def launcher_name(value: Any) -> str:
     return name
 
 
+def interpreter(value: Any) -> str:
+    """The hosts' python: a command or a path, never something an option parser reads."""
+    text = str(value or "").strip()
+    if not text or text.startswith("-") or any(ord(c) < 32 for c in text):
+        raise ValueError(f"python must be an interpreter's name or path, got {value!r}")
+    return text
+
+
 def base_port(value: Any, nproc: int) -> int | None:
     if value is None or (isinstance(value, str) and value.strip() in ("", "None", "null")):
         return None
@@ -96,15 +95,3 @@ def base_port(value: Any, nproc: int) -> int | None:
         raise ValueError(f"base_port {port}: the ranks' ports {port}..{port + nproc - 1} must "
                          f"lie in 1024..65535")
     return port
-
-
-def log_tail(log_dir: Path, rank: int, lines: int = 20) -> list[str]:
-    path = log_dir / f"workerlog.{rank}"
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(f.tell() - 64 * 1024, 0))
-            text = f.read().decode(errors="replace")
-    except OSError as exc:
-        return [f"(cannot read {path}: {exc.strerror})"]
-    return text.splitlines()[-lines:]

@@ -12,7 +12,7 @@ from typing import Annotated, Any
 from pydantic import BeforeValidator, ConfigDict, Field, ValidationError, create_model
 
 from ringflow.errors import ConfigError
-from ringflow.train.spec import FIELD_DOCS, FIELD_MINIMUMS, JobSpec
+from ringflow.train.spec import FIELD_DOCS, FIELD_MAXIMUMS, FIELD_MINIMUMS, JobSpec
 from ringflow_provider.rendered import json_text, none_text
 
 SPEC_FIELDS = tuple(f.name for f in dataclasses.fields(JobSpec))
@@ -29,6 +29,8 @@ def _field(f: dataclasses.Field) -> tuple[Any, Any]:
     if f.name in _DICT_FIELDS | _LIST_FIELDS:
         before.append(BeforeValidator(lambda v, name=f.name: json_text(v, name)))
     extra = {"ge": FIELD_MINIMUMS[f.name]} if f.name in FIELD_MINIMUMS else {}
+    if f.name in FIELD_MAXIMUMS:
+        extra["le"] = FIELD_MAXIMUMS[f.name]
     annotated = Annotated[(f.type, *before)] if before else f.type
     return annotated, Field(default, description=FIELD_DOCS[f.name], **extra)
 

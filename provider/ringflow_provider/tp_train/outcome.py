@@ -1,0 +1,86 @@
+"""How a training job ended, as the task reports it, without Airflow: the summary (XCom) with
+the loss plot and the text chart of a job that succeeded, or the failure of one that did not
+and whether a retry can help. One code path whether the job was watched by the task or by
+the triggerer."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ringflow_provider.launchers.job import JobHandle
+from ringflow_provider.launchers.local import ringflow_home
+from ringflow_provider.launchers.outcome import part_failure, rank_failure
+from ringflow_provider.tp_train.report import JobReport, failure_cause, plot_loss, text_chart
+from ringflow_provider.tp_train.spec import path_part
+
+# exit codes of ringflow.train that a retry cannot fix: a bad spec (2), a NaN/inf loss (3)
+NO_RETRY = {2: "the job spec or checkpoint was refused", 3: "the loss became NaN or inf"}
+
+
+def failed(finals: dict[str, dict[str, Any]]) -> bool:
+    return any(f.get("state") != "ended" or f.get("exit_code") != 0 for f in finals.values())
+
+
+def failure(handle: JobHandle, report: JobReport,
+            finals: dict[str, dict[str, Any]]) -> tuple[str, int]:
+    """(message, exit code): the rank that failed first across the hosts, with its cause and
+    its log's tail; else the part that ended badly (an agent, a lost supervisor, a host)."""
+    hosts: list[str | None] = list(handle.hosts) if handle.show_hosts else [None]
+    first = report.first_failure(hosts)
+    if first is not None:
+        host, entry = first
+        return rank_failure(report, host, entry, handle.log_dir, failure_cause,
+                            handle.hosts[0])
+    bad = next((h for h, f in finals.items() if f.get("state") != "ended"
+                or f.get("exit_code") != 0), next(iter(finals), None))
+    return part_failure(report, bad if handle.show_hosts else None, finals.get(bad, {}),
+                        handle.hosts[0])
+
+
+def summarize(handle: JobHandle, report: JobReport, task_id: str
+              ) -> tuple[dict[str, Any], list[str]]:
+    """The task's summary (its XCom) and the lines to log about it (the plot, the chart)."""
+    job = report.summary or {}
+    world = handle.extra.get("nproc_per_host", 1) * len(handle.hosts)
+    mp = handle.extra.get("mp_degree", 1)
+    plot, said = plot_loss(report.history, plot_folder(handle) / "loss.png",
+                           f"{task_id}: {handle.extra.get('model')}, mp {mp} x dp "
+                           f"{world // mp}")
+    messages = [said]
+    chart = text_chart(report.history)
+    if chart:
+        messages.append(f"loss by step:\n{chart}")
+    summary = {"final_loss": job.get("final_loss"),
+               "loss_history": [[s, v] for s, v in report.history],
+               "samples_per_s": job.get("samples_per_s"), "steps": job.get("steps"),
+               "world_size": world, "mp_degree": mp, "dp_degree": world // mp,
+               "checkpoint": job.get("checkpoint"), "log_dir": handle.log_dir,
+               "plot": plot, "resumed_from": job.get("resumed_from")}
+    if handle.show_hosts:
+        first = handle.hosts[0]
+        home = handle.extra.get("homes", {}).get(first)
+        summary.update(hosts=list(handle.hosts),
+                       checkpoint=absolute(summary["checkpoint"], home),
+                       log_dir=f"{first}:{absolute(handle.log_dir, home)}")
+    return summary, messages
+
+
+def plot_folder(handle: JobHandle) -> Path:
+    """Beside the job's logs on this worker; a remote job's logs are on its hosts, so its
+    plot goes to this worker's default log folder of the try."""
+    if not handle.show_hosts and handle.log_dir:
+        folder = Path(handle.log_dir)
+    else:
+        task = handle.task
+        folder = (Path(ringflow_home()) / "runs" / path_part(task.dag_id) /
+                  path_part(task.run_id) / path_part(task.task_id) / f"try-{task.try_number}")
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def absolute(path: str | None, home: str | None) -> str | None:
+    """A path the agents saw relative to their working folder (the login's home)."""
+    if not path or path.startswith("/") or not home:
+        return path
+    return f"{home.rstrip('/')}/{path}"
