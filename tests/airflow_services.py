@@ -169,27 +169,45 @@ class AirflowServices:
             self._api = AirflowAPI.login(self.base_url, ADMIN, self.admin_password)
         return self._api
 
-    def stop(self) -> list[int]:
-        """SIGTERM every service's process group and wait up to STOP_TIMEOUT_S for all their
-        processes to end (about 5 s here), then SIGKILL whatever is left. Returns the pids
-        that were still alive at the deadline: none, when Airflow shuts down cleanly."""
+    def stop(self) -> list[str]:
+        """SIGTERM every service's main process and wait up to STOP_TIMEOUT_S for them to
+        end (about 5 s here), then SIGTERM their process groups (what a service left, such
+        as a task a test left running) and wait for the rest of that time, then SIGKILL
+        whatever is left. Returns the pids (with their command lines) still alive at the
+        deadline: none, when Airflow shuts down cleanly.
+
+        The main process first, as a service manager stops one: a SIGTERM to the whole group
+        at once can kill a LocalExecutor worker while it holds the task queue's lock, and the
+        scheduler then waits for its other workers forever."""
         if self._api is not None:
             self._api.close()
         for proc in self.procs.values():
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
+                os.kill(proc.pid, signal.SIGTERM)
         deadline = time.monotonic() + STOP_TIMEOUT_S
         for proc in self.procs.values():
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        stuck = [name for name, proc in self.procs.items() if proc.poll() is None]
+        if stuck:  # what they wait for, for the teardown's message
+            with open(self.log_dir / "stop-ps.txt", "w") as out:
+                subprocess.run(["ps", "-eo", "pid,ppid,pgid,stat,wchan:32,args", "--forest"],
+                               stdout=out, stderr=subprocess.STDOUT, check=False)
+        for proc in self.procs.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+        deadline = max(deadline, time.monotonic() + 5)
         while marked_processes(self.mark) and time.monotonic() < deadline:
             time.sleep(0.1)
-        leftovers = marked_processes(self.mark)
+        leftovers = [f"{pid} ({_cmdline(pid)})" for pid in marked_processes(self.mark)]
+        if stuck:
+            leftovers.append(f"({', '.join(stuck)} did not stop on SIGTERM within "
+                             f"{STOP_TIMEOUT_S:g} s; processes then: {self.log_dir}/stop-ps.txt)")
         for proc in self.procs.values():
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=10)
-        for pid in leftovers:
+        for pid in marked_processes(self.mark):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         return leftovers
@@ -361,3 +379,11 @@ class AirflowAPI:
         path = (f"/dags/{dag_id}/dagRuns/{quote(run_id, safe='')}/taskInstances/{task_id}/"
                 f"xcomEntries/{key}")
         return self.get(path)["value"]
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace").strip()[:200]
+    except OSError:
+        return "gone"

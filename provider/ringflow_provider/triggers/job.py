@@ -170,6 +170,8 @@ class JobTrigger(BaseTrigger):
         for part, look in zip(handle.parts, first):
             if look is not None:  # what an earlier watcher of the job logged already
                 self.offsets[part.host] = max(self.offsets.get(part.host, 0), look.shown)
+        self.log.info("the triggerer watches job %s on %s every %g s", handle.job_id,
+                      ", ".join(p.host for p in handle.parts), self.poll_interval)
         finals: dict[str, dict[str, Any]] = {}
         silent_since: dict[str, float] = {}
         stopping = False
