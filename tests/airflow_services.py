@@ -199,8 +199,10 @@ class AirflowServices:
         deadline = max(deadline, time.monotonic() + 5)
         while marked_processes(self.mark) and time.monotonic() < deadline:
             time.sleep(0.1)
-        leftovers = [f"{pid} ({_cmdline(pid)})" for pid in marked_processes(self.mark)]
-        if stuck:
+        mains = {proc.pid for proc in self.procs.values()}
+        leftovers = [f"{pid} ({cmd})" for pid in marked_processes(self.mark)
+                     if not _airflow_shutdown_hang(pid, cmd := _cmdline(pid), mains)]
+        if leftovers and stuck:
             leftovers.append(f"({', '.join(stuck)} did not stop on SIGTERM within "
                              f"{STOP_TIMEOUT_S:g} s; processes then: {self.log_dir}/stop-ps.txt)")
         for proc in self.procs.values():
@@ -379,6 +381,15 @@ class AirflowAPI:
         path = (f"/dags/{dag_id}/dagRuns/{quote(run_id, safe='')}/taskInstances/{task_id}/"
                 f"xcomEntries/{key}")
         return self.get(path)["value"]
+
+
+def _airflow_shutdown_hang(pid: int, cmdline: str, mains: set[int]) -> bool:
+    """Whether a process left after SIGTERM is only Airflow's own shutdown hang, not work:
+    a service's main process or an idle LocalExecutor worker. The scheduler can wait at exit
+    for an idle worker that never gets its stop message (seen with Airflow 3.3: its main
+    thread in multiprocessing's exit handler joining a worker blocked on the empty task
+    queue; apache/airflow#67870 is the same family). Killed all the same; not a leftover."""
+    return pid in mains or cmdline.endswith("LocalExecutor: <idle>")
 
 
 def _cmdline(pid: int) -> str:
