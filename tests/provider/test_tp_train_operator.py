@@ -8,6 +8,7 @@ none is left, and that no shared-memory segment is.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import os
@@ -71,8 +72,9 @@ def make(tmp_path):
         wait_until(lambda op=op: not marked(op.mark), 15, "the job's processes to end")
 
 
-def ctx(try_number: int = 1, run_id: str = "run1", events=None, max_tries: int = 0) -> dict:
-    ti = TaskInstanceStub("tp_test", "train", run_id, try_number, max_tries)
+def ctx(try_number: int = 1, run_id: str = "run1", events=None, max_tries: int = 0,
+        map_index: int = -1) -> dict:
+    ti = TaskInstanceStub("tp_test", "train", run_id, try_number, max_tries, map_index)
     context = {"ti": ti}
     if events is not None:
         context["outlet_events"] = events
@@ -357,3 +359,40 @@ def test_a_job_nobody_watches_stops_itself_when_its_lease_runs_out(tmp_path):
                  == run_id]
     assert status["stopped_by"] == "lease" and "not renewed for 4 s" in status["cause"]
     assert shm_left() == []
+
+
+def test_mapped_instances_of_a_task_run_side_by_side_in_their_own_folders(make):
+    """Two instances of one mapped task (same dag, task and run) deferred at once: each its
+    own job, folder, logs and checkpoints (they must not take each other for an earlier
+    try), and each its own summary."""
+    from airflow.sdk.exceptions import TaskDeferred
+
+    from tests.provider.deferral import first_event, remake
+
+    home = Path(os.environ["RINGFLOW_HOME"])
+    run_id = f"mapped-{uuid.uuid4().hex[:8]}"
+    ops, deferred = [], []
+    for index in (0, 1):
+        op = make(deferrable=True, poll_interval=0.5, checkpoint_dir="default", log_dir=None,
+                  steps=8, seed=index)
+        with pytest.raises(TaskDeferred) as raised:
+            op.execute(ctx(run_id=run_id, map_index=index))
+        ops.append(op)
+        deferred.append(raised.value)
+    summaries = []
+    for index, (op, item) in enumerate(zip(ops, deferred)):
+        event = asyncio.run(first_event(remake(item.trigger), 120))
+        assert event.payload["status"] == "success", event.payload
+        summaries.append(op.execute_complete(ctx(run_id=run_id, map_index=index),
+                                             event.payload))
+    checkpoints = [s["checkpoint"] for s in summaries]
+    assert checkpoints == [
+        str(home / "checkpoints" / "tp_test" / run_id / "train" / f"map-{i}" / "step-00000008")
+        for i in (0, 1)]
+    assert [s["log_dir"] for s in summaries] == [
+        str(home / "runs" / "tp_test" / run_id / "train" / f"map-{i}" / "try-1")
+        for i in (0, 1)]
+    assert summaries[0]["loss_history"] != summaries[1]["loss_history"]   # seeds 0 and 1
+    folders = {p.parent.parent.name for p in (home / "jobs").glob("*/try-1/handle.json")
+               if json.loads(p.read_text())["task"]["run_id"] == run_id}
+    assert len(folders) == 2

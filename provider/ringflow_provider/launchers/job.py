@@ -11,26 +11,37 @@ from typing import Any
 
 @dataclass(frozen=True)
 class TaskKey:
-    """One Airflow task try."""
+    """One Airflow task try (of one mapped instance: `map_index` >= 0)."""
 
     dag_id: str
     task_id: str
     run_id: str
     try_number: int
+    map_index: int = -1
 
     @classmethod
     def from_ti(cls, ti: Any) -> TaskKey:
         """`airflow tasks test` runs a task as try 0: a person counts it as try 1."""
-        return cls(ti.dag_id, ti.task_id, ti.run_id, max(int(ti.try_number or 0), 1))
+        map_index = getattr(ti, "map_index", -1)
+        return cls(ti.dag_id, ti.task_id, ti.run_id, max(int(ti.try_number or 0), 1),
+                   -1 if map_index is None else int(map_index))
 
     @property
     def key(self) -> str:
-        """The task's (not the try's) name in folders: every try of it shares one."""
-        raw = "\0".join((self.dag_id, self.task_id, self.run_id))
-        return hashlib.sha256(raw.encode()).hexdigest()[:24]
+        """The task's (not the try's) name in folders: every try of it shares one; each
+        mapped instance has its own."""
+        parts = (self.dag_id, self.task_id, self.run_id)
+        if self.map_index >= 0:
+            parts += (str(self.map_index),)
+        return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:24]
+
+    @property
+    def instance(self) -> str:
+        """The task id, with the map index of a mapped instance: `train` or `train[3]`."""
+        return self.task_id if self.map_index < 0 else f"{self.task_id}[{self.map_index}]"
 
     def __str__(self) -> str:
-        return f"{self.dag_id}/{self.task_id}/{self.run_id}/try{self.try_number}"
+        return f"{self.dag_id}/{self.instance}/{self.run_id}/try{self.try_number}"
 
 
 @dataclass(frozen=True)

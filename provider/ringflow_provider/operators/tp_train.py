@@ -40,10 +40,9 @@ from ringflow_provider.tp_train.args import (
     interpreter,
     launcher_name,
     positive_int,
-    try_number,
 )
 from ringflow_provider.tp_train.report import JobReport, Presenter
-from ringflow_provider.tp_train.spec import SPEC_FIELDS, parse_spec, path_part
+from ringflow_provider.tp_train.spec import SPEC_FIELDS, parse_spec, path_part, task_folder
 
 __all__ = ["DEFAULT_CHECKPOINT_DIR", "DEFAULT_LOG_DIR", "TPTrainOperator", "ringflow_home"]
 
@@ -214,10 +213,11 @@ class TPTrainOperator(RingflowJobOperator):
         """The rendered arguments, validated (spec, nproc, log_dir, extra, secret; with
         hosts also hosts, conns, remote_log_dir, python, launcher, base_port). A bad value
         fails the task at once, without retries, naming field and value."""
-        ti = context["ti"]
-        ids = {"home": ringflow_home(), "dag_id": path_part(ti.dag_id),
-               "run_id": path_part(ti.run_id), "task_id": path_part(ti.task_id),
-               "try_number": try_number(ti)}
+        task = TaskKey.from_ti(context["ti"])
+        ids = {"home": ringflow_home(), "dag_id": path_part(task.dag_id),
+               "run_id": path_part(task.run_id),
+               "task_id": task_folder(task.task_id, task.map_index),
+               "try_number": task.try_number}
         try:
             hosts = host_list(self.hosts)
             values = {name: getattr(self, name) for name in SPEC_FIELDS}

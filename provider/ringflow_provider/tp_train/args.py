@@ -13,11 +13,6 @@ from ringflow_provider.rendered import json_text
 LAUNCHERS = ("ssh", "mpirun")
 
 
-def try_number(ti: Any) -> int:
-    """The try as a person counts it: `airflow tasks test` runs a task as try 0."""
-    return max(int(ti.try_number or 0), 1)
-
-
 def positive_int(value: Any, name: str) -> int:
     try:
         number = int(str(value).strip())

@@ -12,7 +12,7 @@ from ringflow_provider.launchers.job import JobHandle
 from ringflow_provider.launchers.local import ringflow_home
 from ringflow_provider.launchers.outcome import part_failure, rank_failure
 from ringflow_provider.tp_train.report import JobReport, failure_cause, plot_loss, text_chart
-from ringflow_provider.tp_train.spec import path_part
+from ringflow_provider.tp_train.spec import path_part, task_folder
 
 # exit codes of ringflow.train that a retry cannot fix: a bad spec (2), a NaN/inf loss (3)
 NO_RETRY = {2: "the job spec or checkpoint was refused", 3: "the loss became NaN or inf"}
@@ -74,7 +74,8 @@ def plot_folder(handle: JobHandle) -> Path:
     else:
         task = handle.task
         folder = (Path(ringflow_home()) / "runs" / path_part(task.dag_id) /
-                  path_part(task.run_id) / path_part(task.task_id) / f"try-{task.try_number}")
+                  path_part(task.run_id) / task_folder(task.task_id, task.map_index) /
+                  f"try-{task.try_number}")
     folder.mkdir(parents=True, exist_ok=True)
     return folder
 

@@ -65,6 +65,11 @@ def _pydantic_message(exc: ValidationError) -> str:
 _UNSAFE_PATH = re.compile(r"[^A-Za-z0-9._+=@-]")
 
 
+def task_folder(task_id: str, map_index: int = -1) -> str:
+    """A task's folder under a run's: `train`, or `train/map-3` for a mapped instance."""
+    return path_part(task_id) + (f"/map-{map_index}" if map_index >= 0 else "")
+
+
 def path_part(text: str) -> str:
     """A dag, run or task id as one path component (run ids hold ':' and '+')."""
     cleaned = _UNSAFE_PATH.sub("_", text).strip(".")
