@@ -23,6 +23,8 @@ XCOM_JOB = "ringflow_job"
 ON_EXISTING = ("reattach", "restart")
 DEFAULT_LEASE_S = 1800.0
 DEFAULT_POLL_S = 10.0
+#: tries after the first when neither the task nor its DAG's default_args say
+DEFAULT_RETRIES = 1
 # executors whose workers share the host with the triggerer of a one-machine deployment
 _LOCAL_EXECUTORS = ("LocalExecutor", "SequentialExecutor", "DebugExecutor")
 
@@ -38,6 +40,9 @@ class RingflowJobOperator(BaseOperator):
         itself, default 1800; None: never
     :param on_existing: what a new try does when the previous try's job still runs:
         ``reattach`` (default: watch it to its end) or ``restart`` (stop it, start anew)
+
+    ``retries`` defaults to 1 where neither the task nor ``default_args`` (the DAG's, the task
+    group's or the task's) sets it.
     """
 
     #: how the triggerer reads the job's lines (`triggers.job.presenter`)
@@ -52,6 +57,11 @@ class RingflowJobOperator(BaseOperator):
                  poll_interval: float | str = DEFAULT_POLL_S,
                  lease_timeout: float | str | None = DEFAULT_LEASE_S,
                  on_existing: str = "reattach", **kwargs: Any) -> None:
+        # Airflow fills the task's arguments from `default_args` (the DAG's, the task
+        # group's and the task's own, merged) only where the call leaves them out, so the
+        # provider default goes in only where none of them speaks.
+        if "retries" not in (kwargs.get("default_args") or {}):
+            kwargs.setdefault("retries", DEFAULT_RETRIES)
         super().__init__(**kwargs)
         self.deferrable = deferrable
         self.poll_interval = poll_interval

@@ -173,7 +173,6 @@ class PopRunOperator(RingflowJobOperator):
         remote_state_dir: str | None = None,
         **kwargs: Any,
     ) -> None:
-        kwargs.setdefault("retries", 1)
         super().__init__(**kwargs)
         given = locals()
         for name in FIELD_NAMES:

@@ -166,7 +166,6 @@ class TPTrainOperator(RingflowJobOperator):
                  ssh_conn_id: str | dict = MultiHostSSHHook.default_conn_name,
                  python: str = "python3", launcher: str = "ssh",
                  base_port: int | str | None = None, **kwargs: Any) -> None:
-        kwargs.setdefault("retries", 1)
         super().__init__(**kwargs)
         self.model, self.model_args, self.data = model, model_args or {}, data
         self.optimizer = optimizer if optimizer is not None else {"type": "adam",
