@@ -1,15 +1,26 @@
 """The provider follows Airflow's conventions: `default_args` reach the operators as they
 reach any operator (real DAG objects, no tasks run); the provider, its example DAGs and
-scripts import only Airflow's public modules."""
+scripts import only Airflow's public modules; tasks fail with the provider's exception
+classes (the failures that need a running job are in the operators' test modules)."""
 
 from __future__ import annotations
 
 import ast
+import json
+import socket
 from pathlib import Path
 
 import pytest
 from airflow.sdk import DAG, TaskGroup
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
+from ringflow.errors import HostUnreachableError, LaunchError, gathered
+from ringflow_provider import exceptions as rx
+from ringflow_provider.exceptions import (
+    RingflowConfigException,
+    RingflowHostUnreachableException,
+    RingflowLaunchException,
+)
 from ringflow_provider.operators.poprun import PopRunOperator
 from ringflow_provider.operators.tp_train import TPTrainOperator
 
@@ -90,3 +101,81 @@ def test_provider_dags_and_scripts_import_no_private_airflow_module():
     assert len(files) > 20
     found = {str(f.relative_to(REPO)): private_airflow_imports(f.read_text()) for f in files}
     assert {name: hits for name, hits in found.items() if hits} == {}
+
+
+def test_every_failure_class_is_an_airflow_exception_and_only_hopeless_ones_skip_retries():
+    classes = {name: cls for name, cls in vars(rx).items()
+               if isinstance(cls, type) and issubclass(cls, rx.RingflowException)}
+    assert sorted(classes) == [
+        "RingflowConfigException", "RingflowException", "RingflowHostUnreachableException",
+        "RingflowJobFailedException", "RingflowJobKilledException",
+        "RingflowJobRefusedException", "RingflowLaunchException"]
+    assert all(issubclass(cls, AirflowException) for cls in classes.values())
+    no_retry = sorted(n for n, cls in classes.items() if issubclass(cls, AirflowFailException))
+    assert no_retry == ["RingflowConfigException", "RingflowJobRefusedException"]
+    failed = rx.RingflowJobRefusedException("loss nan", 3, "n1")
+    assert (str(failed), failed.exit_code, failed.host) == ("loss nan", 3, "n1")
+    assert isinstance(failed, rx.RingflowJobFailedException)
+
+
+def test_hosts_errors_gather_as_unreachable_only_when_every_host_was():
+    lost = [HostUnreachableError("a: refused"), HostUnreachableError("b: refused")]
+    mixed = [HostUnreachableError("a: refused"), LaunchError("b: no numpy")]
+    assert (type(gathered("shipping", lost)), str(gathered("shipping", lost))) == (
+        HostUnreachableError, "shipping failed: a: refused; b: refused")
+    assert type(gathered("shipping", mixed)) is LaunchError
+    assert type(rx.launch_exception(mixed[1], "m")) is RingflowLaunchException
+    assert type(rx.launch_exception(lost[0], "m")) is RingflowHostUnreachableException
+
+
+@pytest.fixture
+def closed_port_conn(monkeypatch) -> str:
+    """An ssh connection to a port of this host where nothing listens: connects are refused
+    at once."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    monkeypatch.setenv("AIRFLOW_CONN_RINGFLOW_TEST_CLOSED", json.dumps(
+        {"conn_type": "ssh", "host": "127.0.0.1", "port": port, "login": "nobody",
+         "extra": {"no_host_key_check": "true", "look_for_keys": "false"}}))
+    return "ringflow_test_closed"
+
+
+REFUSED = r"cannot open SSH to host '127\.0\.0\.1' .*NoValidConnectionsError"
+
+
+def unreachable_context(task_id: str) -> dict:
+    from tests.provider.contexts import TaskInstanceStub
+
+    return {"ti": TaskInstanceStub("conv", task_id)}
+
+
+def test_tp_train_on_a_host_that_refuses_ssh_fails_as_unreachable(closed_port_conn, tmp_path):
+    op = TPTrainOperator(task_id="train", model="mlp", steps=2, hosts=["127.0.0.1"],
+                         ssh_conn_id=closed_port_conn, log_dir=str(tmp_path / "logs"))
+    with pytest.raises(RingflowHostUnreachableException, match=REFUSED) as err:
+        op.execute(unreachable_context("train"))
+    assert not isinstance(err.value, AirflowFailException)    # a retry may find it back
+
+
+def test_poprun_on_a_launch_host_that_refuses_ssh_fails_as_unreachable(closed_port_conn):
+    op = PopRunOperator(task_id="poprun", ssh_conn_id=closed_port_conn, preflight=False,
+                        conn_timeout=5, **{**POPRUN_ARGS, "hosts": "127.0.0.1", "num_ipus": 1})
+    with pytest.raises(RingflowHostUnreachableException, match=REFUSED):
+        op.execute(unreachable_context("poprun"))
+
+
+@pytest.mark.parametrize(("operator", "args"), [
+    pytest.param(TPTrainOperator, {"steps": 0}, id="tp_train"),
+    pytest.param(PopRunOperator, {**POPRUN_ARGS, "num_ipus": "{{ params.n }}"}, id="poprun")])
+def test_a_refused_argument_fails_as_config_without_retry(operator, args):
+    op = operator(task_id="t", **args)
+    op.render_template_fields({"params": {"n": "three"}})
+    with pytest.raises(RingflowConfigException) as err:
+        op.execute(unreachable_context("t"))
+    assert isinstance(err.value, AirflowFailException)
+
+
+def test_a_bad_literal_fails_as_config_when_the_dag_is_parsed():
+    with pytest.raises(RingflowConfigException, match="task 'p': "):
+        PopRunOperator(task_id="p", **{**POPRUN_ARGS, "num_ipus": 3})

@@ -8,10 +8,16 @@ from collections.abc import Callable
 from typing import Any, ClassVar
 
 from airflow.sdk import BaseOperator, conf
-from airflow.sdk.exceptions import AirflowException, AirflowFailException, TaskDeferred
+from airflow.sdk.exceptions import TaskDeferred
 from pydantic import TypeAdapter
 
 from ringflow.errors import LaunchError
+from ringflow_provider.exceptions import (
+    RingflowConfigException,
+    RingflowHostUnreachableException,
+    RingflowJobKilledException,
+    launch_exception,
+)
 from ringflow_provider.jobs.masking import Secrets
 from ringflow_provider.launchers import launcher_for
 from ringflow_provider.launchers.base import Launcher
@@ -113,7 +119,7 @@ class RingflowJobOperator(BaseOperator):
         try:
             self._job_options()
         except ValueError as exc:
-            raise AirflowFailException(f"task {self.task_id!r}: {exc}") from None
+            raise RingflowConfigException(f"task {self.task_id!r}: {exc}") from None
         self._launcher = launcher
         if self.deferrable and launcher.name == "local":
             self._check_triggerer_can_see(launcher)
@@ -156,14 +162,15 @@ class RingflowJobOperator(BaseOperator):
         """The triggerer saw the job end (or lost a host): report as the attached path does."""
         handle = JobHandle.from_dict(event["job"])
         self._handle = handle
-        if event.get("status") == "error":
-            raise AirflowException(self._secrets.mask(str(event.get("message"))))
+        if event.get("status") == "error":  # the triggerer lost a host
+            raise RingflowHostUnreachableException(
+                self._secrets.mask(str(event.get("message"))))
         launcher = launcher_for(handle, self.log)
         try:
             report = self.new_report()
             _, looks = launcher.read_all(handle, report.feed)
         except LaunchError as exc:
-            raise AirflowException(self._secrets.mask(str(exc))) from None
+            raise launch_exception(exc, self._secrets.mask(str(exc))) from None
         finally:
             launcher.close()
         finals = {host: {**(look.status or {}), "state": look.state}
@@ -180,8 +187,8 @@ class RingflowJobOperator(BaseOperator):
     # -- pieces ----------------------------------------------------------------------------
     def _raise_if_killed(self) -> None:
         if self._killed:
-            raise AirflowException(f"the job of task {self.task_id!r} was killed (on_kill); "
-                                   f"it was stopped on every host")
+            raise RingflowJobKilledException(f"the job of task {self.task_id!r} was killed "
+                                             f"(on_kill); it was stopped on every host")
 
     def _trigger(self, handle: JobHandle, offsets: dict[str, int]) -> JobTrigger:
         return JobTrigger(job=handle.to_dict(), offsets=offsets,
@@ -251,7 +258,7 @@ class RingflowJobOperator(BaseOperator):
                      for e in conf.get("core", "executor", fallback="").split(",") if e.strip()]
         if executors and all(e in _LOCAL_EXECUTORS for e in executors):
             return
-        raise AirflowException(
+        raise RingflowConfigException(
             f"deferrable=True without hosts runs the job on this worker, which the triggerer "
             f"cannot watch from another machine (executor {', '.join(executors)}): give "
             f"hosts=[...] (this worker's name too) with an ssh connection so the triggerer "

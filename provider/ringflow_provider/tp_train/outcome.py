@@ -5,6 +5,7 @@ the triggerer."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,20 +23,39 @@ def failed(finals: dict[str, dict[str, Any]]) -> bool:
     return any(f.get("state") != "ended" or f.get("exit_code") != 0 for f in finals.values())
 
 
+@dataclass(frozen=True)
+class Failure:
+    """How a job failed: the task's message, the exit code, the host (None: this worker's)
+    and whether the host was lost rather than a process failing there."""
+
+    message: str
+    exit_code: int
+    host: str | None = None
+    unreachable: bool = False
+
+    @property
+    def retry_helps(self) -> bool:
+        return self.exit_code not in NO_RETRY
+
+
 def failure(handle: JobHandle, report: JobReport,
-            finals: dict[str, dict[str, Any]]) -> tuple[str, int]:
-    """(message, exit code): the rank that failed first across the hosts, with its cause and
-    its log's tail; else the part that ended badly (an agent, a lost supervisor, a host)."""
+            finals: dict[str, dict[str, Any]]) -> Failure:
+    """The rank that failed first across the hosts, with its cause and its log's tail; else
+    the part that ended badly (an agent, a lost supervisor, a host)."""
     hosts: list[str | None] = list(handle.hosts) if handle.show_hosts else [None]
     first = report.first_failure(hosts)
     if first is not None:
         host, entry = first
-        return rank_failure(report, host, entry, handle.log_dir, failure_cause,
-                            handle.hosts[0])
+        message, code = rank_failure(report, host, entry, handle.log_dir, failure_cause,
+                                     handle.hosts[0])
+        return Failure(message, code, host)
     bad = next((h for h, f in finals.items() if f.get("state") != "ended"
                 or f.get("exit_code") != 0), next(iter(finals), None))
-    return part_failure(report, bad if handle.show_hosts else None, finals.get(bad, {}),
-                        handle.hosts[0])
+    final = finals.get(bad, {})
+    message, code = part_failure(report, bad if handle.show_hosts else None, final,
+                                 handle.hosts[0])
+    return Failure(message, code, bad if handle.show_hosts else None,
+                   final.get("state") == "unreachable")
 
 
 def summarize(handle: JobHandle, report: JobReport, task_id: str
