@@ -179,3 +179,22 @@ def test_a_refused_argument_fails_as_config_without_retry(operator, args):
 def test_a_bad_literal_fails_as_config_when_the_dag_is_parsed():
     with pytest.raises(RingflowConfigException, match="task 'p': "):
         PopRunOperator(task_id="p", **{**POPRUN_ARGS, "num_ipus": 3})
+
+
+def test_dependencies_cap_no_version_below_the_next_major():
+    """A user may upgrade Airflow within 3.x: only a next major (`<4`) may cap it."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+    from packaging.version import Version
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    requirements = {r.name: r for r in map(Requirement, project["dependencies"])}
+    airflow = requirements["apache-airflow"].specifier
+    assert [v in airflow for v in ("3.2.4", "3.3.0", "3.3.2", "3.4.0", "3.9.1", "4.0.0")] == [
+        False, True, True, True, True, False]
+    caps = {name: str(spec) for name, r in requirements.items() for spec in r.specifier
+            if spec.operator in ("<", "<=", "~=", "==", "===")
+            and not (spec.operator == "<" and Version(spec.version).release[1:] in
+                     ((), (0,), (0, 0)))}
+    assert caps == {}
