@@ -184,7 +184,6 @@ def test_a_bad_literal_fails_as_config_when_the_dag_is_parsed():
 def test_dependencies_cap_no_version_below_the_next_major():
     """A user may upgrade Airflow within 3.x: only a next major (`<4`) may cap it."""
     import tomllib
-
     from packaging.requirements import Requirement
     from packaging.version import Version
 
