@@ -31,6 +31,7 @@ from ringflow_provider.exceptions import (
     RingflowJobRefusedException,
 )
 from ringflow_provider.operators.tp_train import TPTrainOperator
+from ringflow_provider.tp_train.report import read_history
 from tests.procs import marked_processes
 from tests.provider import task_process
 from tests.provider.conftest import REPO, wait_until
@@ -102,8 +103,11 @@ def test_a_job_returns_its_summary_logs_progress_and_writes_checkpoints(make, tm
     summary = op.execute(ctx())
     assert set(summary) == {"final_loss", "loss_history", "samples_per_s", "steps",
                             "world_size", "mp_degree", "dp_degree", "checkpoint", "log_dir",
-                            "plot", "resumed_from"}
+                            "plot", "resumed_from", "loss_history_file"}
     assert [s for s, _ in summary["loss_history"]] == [1, 4, 8, 12]
+    assert summary["loss_history_file"] == str(tmp_path / "logs" / "loss_history.jsonl")
+    assert read_history(Path(summary["loss_history_file"])) == [
+        tuple(point) for point in summary["loss_history"]]
     assert summary["final_loss"] == summary["loss_history"][-1][1]
     assert (summary["steps"], summary["world_size"], summary["mp_degree"],
             summary["dp_degree"], summary["resumed_from"]) == (12, 2, 2, 1, None)

@@ -12,7 +12,14 @@ from typing import Any
 from ringflow_provider.launchers.job import JobHandle
 from ringflow_provider.launchers.local import ringflow_home
 from ringflow_provider.launchers.outcome import part_failure, rank_failure
-from ringflow_provider.tp_train.report import JobReport, failure_cause, plot_loss, text_chart
+from ringflow_provider.tp_train.report import (
+    JobReport,
+    failure_cause,
+    plot_loss,
+    text_chart,
+    thin_history,
+    write_history,
+)
 from ringflow_provider.tp_train.spec import path_part
 
 # exit codes of ringflow.train that a retry cannot fix: a bad spec (2), a NaN/inf loss (3)
@@ -60,11 +67,15 @@ def failure(handle: JobHandle, report: JobReport,
 
 def summarize(handle: JobHandle, report: JobReport, task_id: str
               ) -> tuple[dict[str, Any], list[str]]:
-    """The task's summary (its XCom) and the lines to log about it (the plot, the chart)."""
+    """The task's summary (its XCom) and the lines to log about it (the plot, the chart).
+    The summary's `loss_history` is thinned to at most 1,000 points; the whole history is in
+    the JSON lines file `loss_history_file`, beside the plot on this worker."""
     job = report.summary or {}
     world = handle.extra.get("nproc_per_host", 1) * len(handle.hosts)
     mp = handle.extra.get("mp_degree", 1)
-    plot, said = plot_loss(report.history, plot_folder(handle) / "loss.png",
+    folder = plot_folder(handle)
+    history_file = write_history(report.history, folder)
+    plot, said = plot_loss(report.history, folder / "loss.png",
                            f"{task_id}: {handle.extra.get('model')}, mp {mp} x dp "
                            f"{world // mp}")
     messages = [said]
@@ -72,7 +83,8 @@ def summarize(handle: JobHandle, report: JobReport, task_id: str
     if chart:
         messages.append(f"loss by step:\n{chart}")
     summary = {"final_loss": job.get("final_loss"),
-               "loss_history": [[s, v] for s, v in report.history],
+               "loss_history": [[s, v] for s, v in thin_history(report.history)],
+               "loss_history_file": str(history_file),
                "samples_per_s": job.get("samples_per_s"), "steps": job.get("steps"),
                "world_size": world, "mp_degree": mp, "dp_degree": world // mp,
                "checkpoint": job.get("checkpoint"), "log_dir": handle.log_dir,
