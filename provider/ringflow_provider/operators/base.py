@@ -21,12 +21,11 @@ from ringflow_provider.exceptions import (
 from ringflow_provider.jobs.masking import Secrets
 from ringflow_provider.launchers import launcher_for
 from ringflow_provider.launchers.base import Launcher
-from ringflow_provider.launchers.job import JobHandle, TaskKey
+from ringflow_provider.launchers.job import ON_EXISTING, JobHandle, TaskKey
 from ringflow_provider.launchers.lines import JobLine
 from ringflow_provider.triggers.job import JobTrigger
 
 XCOM_JOB = "ringflow_job"
-ON_EXISTING = ("reattach", "restart")
 DEFAULT_LEASE_S = 1800.0
 DEFAULT_POLL_S = 10.0
 #: tries after the first when neither the task nor its DAG's default_args say
