@@ -197,3 +197,16 @@ def test_dependencies_cap_no_version_below_the_next_major():
             and not (spec.operator == "<" and Version(spec.version).release[1:] in
                      ((), (0,), (0, 0)))}
     assert caps == {}
+
+
+def test_the_demo_summary_reads_no_metadata_database():
+    """`make demo`'s summary goes through the public REST API, not Airflow's ORM."""
+    source = (REPO / "scripts" / "demo_summary.py").read_text()
+    modules = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            modules.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            modules.add(node.module)
+    assert sorted(m for m in modules if m.split(".")[0] in ("airflow", "sqlalchemy")) == []
+    assert "/api/v2" in source
