@@ -159,9 +159,9 @@ def test_a_conf_the_schema_allows_but_the_job_refuses_fails_the_task_naming_it(
         airflow_home, mark, conf, named):
     out = airflow("tasks", "test", DAG_ID, "train", "-t", json.dumps(conf), mark=mark)
     log = out.stdout + out.stderr
-    assert task_states(log) == ["failed"], log[-3000:]
+    assert task_states(log) == ["failed"], log[-3000:]  # retries=1, yet not up_for_retry
     assert named in log, log[-3000:]
-    assert "AirflowFailException" in log              # a bad value is not retried
+    assert "RingflowConfigException" in log           # an AirflowFailException: not retried
     assert "training transformer" not in log          # nothing started
 
 
