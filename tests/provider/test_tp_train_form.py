@@ -108,6 +108,8 @@ def test_the_defaults_are_taken_by_the_operator(example, tmp_path, monkeypatch):
     ({"steps": {"maximum": 100_000}}, "maximum come from the operator's rules for 'steps'"),
     ({"hosts": {"pattern": ".*"}}, "pattern come from the operator's rules for 'hosts'"),
     ({"steps": {"type": "string"}}, "steps: type 'string' is wider"),
+    ({"lr": {"field": "optimizer.learning_rate", "type": "string"}},
+     "optimizer.learning_rate: type 'string' is wider"),
     ({"model": {"enum": ["mlp", "gpt"]}}, "model: the operator refuses 'gpt'"),
     ({"steps": {"default": 0}}, "steps: the operator refuses 0"),
     ({"lr": {}}, "'lr' is not an argument of TPTrainOperator"),

@@ -38,13 +38,15 @@ def field_schema(name: str, types: str | list[str] | None = None) -> dict[str, A
     ``default`` and ``description``; `types`: only these of its types (ValueError if one is
     not among them)."""
     if name == "optimizer.type":  # those a type and a learning rate build (lars: momentum)
-        return {"type": "string", "default": "adam", "description": "the optimizer",
-                "enum": [kind for kind in optim.optimizer_classes() if _builds(kind)]}
-    if name == "optimizer.learning_rate":
-        return {"type": "number", "minimum": optim.LEARNING_RATE_MINIMUM,
-                "default": DEFAULT_LEARNING_RATE, "description": "the optimizer's learning rate"}
-    model = _model_of(name)
-    return _flat(name, dict(model.model_json_schema()["properties"][name]), types)
+        schema = {"type": "string", "default": "adam", "description": "the optimizer",
+                  "enum": [kind for kind in optim.optimizer_classes() if _builds(kind)]}
+    elif name == "optimizer.learning_rate":
+        schema = {"type": "number", "minimum": optim.LEARNING_RATE_MINIMUM,
+                  "default": DEFAULT_LEARNING_RATE,
+                  "description": "the optimizer's learning rate"}
+    else:
+        schema = dict(_model_of(name).model_json_schema()["properties"][name])
+    return _flat(name, schema, types)
 
 
 def check_value(name: str, value: Any) -> None:
