@@ -26,74 +26,76 @@ runs (`on_existing`), else resumes from its newest checkpoint (under `~/.ringflo
 
 from __future__ import annotations
 
-from airflow.sdk import DAG, Asset, Param, task
+from airflow.sdk import DAG, Asset, task
 
+from ringflow_provider import tp_train
 from ringflow_provider.operators.tp_train import TPTrainOperator
 
 JOB, LAYOUT, HOSTS, RUN = "Training job", "Layout", "Hosts", "Run"
 
-PARAMS = {
-    "model": Param("transformer", type="string", enum=["transformer", "mlp"], section=JOB,
-                   description="Built-in model: a small GPT on a synthetic next-token task, "
-                               "or an MLP classifier"),
-    "steps": Param(200, type="integer", minimum=1, maximum=100000, section=JOB,
-                   description="Training steps in total (a resumed try continues to this)"),
-    "global_batch_size": Param(32, type="integer", minimum=1, maximum=65536, section=JOB,
-                               description="Samples per step over all data-parallel ranks; "
-                                           "a multiple of nproc_per_host / "
-                                           "tensor_parallel_degree"),
-    "learning_rate": Param(0.001, type="number", exclusiveMinimum=0, maximum=10, section=JOB,
-                           description="The optimizer's learning rate"),
-    "optimizer_type": Param("adam", type="string", section=JOB,
-                            enum=["adam", "adamw", "sgd", "momentum", "lamb", "lars"],
-                            description="Optimizer"),
-    "seed": Param(0, type="integer", minimum=0, section=JOB,
-                  description="Seeds the parameters, the data and dropout"),
-    "amp": Param(False, type="boolean", section=JOB,
-                 description="Automatic mixed precision: float16 matmuls with float32 master "
-                             "weights and dynamic loss scaling (slower on a CPU without "
-                             "float16 GEMMs; halves the gradient all-reduce)"),
-    "recompute": Param(False, type="boolean", section=JOB,
-                       description="Recompute each block's activations in the backward pass "
-                                   "instead of keeping them: less memory, more compute"),
-    "tensor_parallel_degree": Param(2, type="integer", minimum=1, maximum=64, section=LAYOUT,
-                                    description="Ranks that split every layer; divides "
-                                                "nproc_per_host"),
-    "nproc_per_host": Param(2, type="integer", minimum=1, maximum=64, section=LAYOUT,
-                            description="Worker processes (ranks) on this worker"),
-    "sharding_stage": Param(0, type="integer", enum=[0, 1, 2], section=LAYOUT,
-                            description="Shard the optimizer state (1), and the gradients too "
-                                        "(2), over the data-parallel ranks; 0: off"),
+# What a value may be (type, bounds, choices, pattern) comes from the operator's own rules
+# (`tp_train.params`); this says only how each param is shown, its default and a narrower
+# choice (the built-in models), so the form cannot offer what the operator refuses.
+PARAMS = tp_train.params({
+    "model": {"default": "transformer", "enum": ["transformer", "mlp"], "section": JOB,
+              "description": "Built-in model: a small GPT on a synthetic next-token task, "
+                             "or an MLP classifier"},
+    "steps": {"default": 200, "section": JOB,
+              "description": "Training steps in total (a resumed try continues to this)"},
+    "global_batch_size": {"default": 32, "section": JOB,
+                          "description": "Samples per step over all data-parallel ranks; "
+                                         "a multiple of nproc_per_host / "
+                                         "tensor_parallel_degree"},
+    "learning_rate": {"field": "optimizer.learning_rate", "default": 0.001, "section": JOB,
+                      "description": "The optimizer's learning rate"},
+    "optimizer_type": {"field": "optimizer.type", "default": "adam", "section": JOB,
+                       "description": "Optimizer"},
+    "seed": {"default": 0, "section": JOB,
+             "description": "Seeds the parameters, the data and dropout"},
+    "amp": {"default": False, "section": JOB,
+            "description": "Automatic mixed precision: float16 matmuls with float32 master "
+                           "weights and dynamic loss scaling (slower on a CPU without "
+                           "float16 GEMMs; halves the gradient all-reduce)"},
+    # true or false here; the operator also takes a list of checkpoint names
+    "recompute": {"default": False, "type": "boolean", "section": JOB,
+                  "description": "Recompute each block's activations in the backward pass "
+                                 "instead of keeping them: less memory, more compute"},
+    "tensor_parallel_degree": {"default": 2, "section": LAYOUT,
+                               "description": "Ranks that split every layer; divides "
+                                              "nproc_per_host"},
+    "nproc_per_host": {"default": 2, "section": LAYOUT,
+                       "description": "Worker processes (ranks) on this worker"},
+    "sharding_stage": {"default": 0, "enum": [0, 1, 2], "section": LAYOUT,
+                       "description": "Shard the optimizer state (1), and the gradients too "
+                                      "(2), over the data-parallel ranks; 0: off"},
     # null, not "": the trigger form sends an emptied text field as null
-    "hosts": Param(None, type=["null", "string"], section=HOSTS,
-                   pattern=r"^[A-Za-z0-9.,: _-]*$",
-                   description="Train on these hosts over SSH instead of this worker: "
-                               "hostnames or addresses, comma-separated, nproc_per_host "
-                               "ranks on each (each needs python3 and numpy; ringflow is "
-                               "shipped to them). Empty: this Airflow worker"),
-    "launcher": Param("ssh", type="string", enum=["ssh", "mpirun"], section=HOSTS,
-                      description="With hosts: one launcher agent per host over SSH, or "
-                                  "all of them started by Open MPI's mpirun on the first "
-                                  "host"),
-    "ssh_conn_id": Param("ssh_default", type="string", minLength=1, section=HOSTS,
-                         description="With hosts: the ssh connection that reaches them "
-                                     "(its host is replaced by each host)"),
-    "python": Param("python3", type="string", minLength=1, section=HOSTS,
-                    description="With hosts: the interpreter on the hosts"),
-    "log_every": Param(10, type="integer", minimum=1, section=RUN,
-                       description="A progress line every this many steps"),
-    "deferrable": Param(False, type="boolean", section=RUN,
-                        description="Hand the watch of the training job to Airflow's "
-                                    "triggerer: no worker slot is held while it trains (the "
-                                    "job runs on, detached, under ringflow's supervisor)"),
-    "poll_interval": Param(10, type="number", minimum=0.5, maximum=3600, section=RUN,
-                           description="With deferrable: seconds between the triggerer's "
-                                       "looks at the job (its lines reach the log this late)"),
-    "on_existing": Param("reattach", type="string", enum=["reattach", "restart"], section=RUN,
-                         description="When a retry finds the previous try's job still "
-                                     "running: watch it to its end (reattach), or stop it "
-                                     "and resume from the newest checkpoint (restart)"),
-}
+    "hosts": {"default": None, "section": HOSTS,
+              "description": "Train on these hosts over SSH instead of this worker: "
+                             "hostnames or addresses, comma-separated, nproc_per_host "
+                             "ranks on each (each needs python3 and numpy; ringflow is "
+                             "shipped to them). Empty: this Airflow worker"},
+    "launcher": {"default": "ssh", "section": HOSTS,
+                 "description": "With hosts: one launcher agent per host over SSH, or all of "
+                                "them started by Open MPI's mpirun on the first host"},
+    "ssh_conn_id": {"default": "ssh_default", "section": HOSTS,
+                    "description": "With hosts: the ssh connection that reaches them (its "
+                                   "host is replaced by each host)"},
+    "python": {"default": "python3", "section": HOSTS,
+               "description": "With hosts: the interpreter on the hosts"},
+    "log_every": {"default": 10, "section": RUN,
+                  "description": "A progress line every this many steps"},
+    "deferrable": {"default": False, "section": RUN,
+                   "description": "Hand the watch of the training job to Airflow's "
+                                  "triggerer: no worker slot is held while it trains (the "
+                                  "job runs on, detached, under ringflow's supervisor)"},
+    "poll_interval": {"default": 10, "section": RUN,
+                      "description": "With deferrable: seconds between the triggerer's looks "
+                                     "at the job (its lines reach the log this late)"},
+    "on_existing": {"default": "reattach", "section": RUN,
+                    "description": "When a retry finds the previous try's job still running: "
+                                   "watch it to its end (reattach), or stop it and resume "
+                                   "from the newest checkpoint (restart)"},
+})
 
 MODEL = Asset("ringflow://ringflow_tp_train/train")
 

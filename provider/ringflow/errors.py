@@ -6,6 +6,8 @@ The Airflow provider re-raises these as ``AirflowException`` with the same messa
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 
 class RingflowError(Exception):
     """Base of every error ringflow raises on purpose."""
@@ -31,5 +33,18 @@ class LaunchError(RingflowError):
     """The launcher could not start the job or a worker failed."""
 
 
+class HostUnreachableError(LaunchError):
+    """A host could not be reached (SSH connect or login failed) or its link was lost."""
+
+
 class ConfigError(RingflowError):
     """A configuration (job spec, CLI arguments, strategy, environment) is invalid."""
+
+
+def gathered(what: str, problems: Sequence[LaunchError | str]) -> LaunchError:
+    """One error for what failed on several hosts (`what failed: a; b`): a
+    HostUnreachableError when every host failed that way, else a LaunchError."""
+    text = f"{what} failed: " + "; ".join(str(p) for p in problems)
+    if problems and all(isinstance(p, HostUnreachableError) for p in problems):
+        return HostUnreachableError(text)
+    return LaunchError(text)

@@ -11,6 +11,15 @@ from .errors import ConfigError
 
 _LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
 _HOSTNAME = re.compile(rf"^(?=.{{1,253}}$){_LABEL}(?:\.{_LABEL})*$")
+_OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+_END = r"(?![^\s,])"  # the end of one name in a comma list
+#: one name `check_host` accepts, as a regular expression Python and JSON schema (ECMA) both
+#: read: an IPv4 address, or a hostname that is not all digits and dots
+HOST_PATTERN = (rf"(?:{_OCTET}(?:\.{_OCTET}){{3}}{_END}|(?![0-9.]+{_END})"
+                rf"(?=[^\s,]{{1,253}}{_END}){_LABEL}(?:\.{_LABEL})*{_END})")
+#: a comma-separated list of such names (spaces around them allowed), or nothing; what it
+#: cannot say: a name given twice, which `hosts` refuses too
+HOSTS_PATTERN = rf"^\s*(?:{HOST_PATTERN}(?:\s*,\s*{HOST_PATTERN})*)?\s*$"
 # No '-': segments are named ringflow-<job id>-..., and a sweep of one job's prefix must
 # never match another job's segments (job "a" vs job "a-b"); no '/' (a path).
 _JOB_ID = re.compile(r"^[A-Za-z0-9_.]{1,64}$")

@@ -39,7 +39,7 @@ def test_the_repr_never_shows_a_value():
 
 
 def test_registered_values_are_redacted_by_airflows_masker():
-    from airflow.sdk._shared.secrets_masker import redact
+    from airflow.sdk.log import redact
 
     Secrets(["reg-tok-31337"]).register()
     assert redact("value reg-tok-31337 here") == "value *** here"

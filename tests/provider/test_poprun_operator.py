@@ -19,6 +19,13 @@ from pathlib import Path
 import pytest
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 
+from ringflow_provider.exceptions import (
+    RingflowConfigException,
+    RingflowHostUnreachableException,
+    RingflowJobFailedException,
+    RingflowJobKilledException,
+    RingflowLaunchException,
+)
 from ringflow_provider.operators.poprun import PopRunOperator
 from ringflow_provider.poprun import FIELD_NAMES, build_poprun_argv, parse_config
 from tests.provider import task_process
@@ -253,8 +260,10 @@ def test_nonzero_exit_fails_with_the_code_and_the_last_20_lines(sshd, ssh_conn):
         sys.exit(3)
     """)
     op, _ = make_op(sshd, ssh_conn, script)
-    with pytest.raises(AirflowException) as info:
+    with pytest.raises(RingflowJobFailedException) as info:
         op.execute(context())
+    assert (info.value.exit_code, info.value.host) == (3, "127.0.0.1")
+    assert not isinstance(info.value, AirflowFailException)    # a retry may help
     message = str(info.value)
     assert message.startswith("PopRun failed on '127.0.0.1' with exit code 3; last 20 lines:\n")
     assert message.splitlines()[1:] == [f"line {i}" for i in range(11, 31)]
@@ -271,16 +280,18 @@ def test_exit_code_listed_in_skip_on_exit_code_skips_the_task(sshd, ssh_conn, sk
 def test_preflight_failure_names_the_host_before_anything_starts(sshd, ssh_conn):
     script = write_script(sshd, "print('must not run')\n")
     op, lines = make_op(sshd, ssh_conn, script, poprun="poprun-not-installed")
-    with pytest.raises(AirflowException, match=r"preflight failed: 'poprun-not-installed' not "
-                                               r"found on launch host '127\.0\.0\.1'"):
+    with pytest.raises(RingflowLaunchException, match=r"preflight failed: 'poprun-not-installed' "
+                                                      r"not found on launch host '127\.0\.0\.1'") \
+            as info:
         op.execute(context())
+    assert not isinstance(info.value, RingflowHostUnreachableException)
     assert lines == []
 
 
 def test_a_key_the_server_refuses_fails_preflight_naming_the_host(sshd, ssh_conn):
     op, lines = make_op(sshd, BAD_KEY_CONN_ID, "train.py", hosts="127.0.0.1,localhost",
                         num_ipus=2)
-    with pytest.raises(AirflowException) as info:
+    with pytest.raises(RingflowHostUnreachableException) as info:
         op.execute(context())
     message = str(info.value)
     assert message.startswith("preflight failed: cannot open SSH to host '127.0.0.1'")
@@ -323,7 +334,7 @@ def test_on_kill_kills_the_remote_group_returns_at_once_and_fails_execute(sshd, 
     finally:
         op.on_kill()
     assert on_kill_s < 2.0, f"on_kill took {on_kill_s:.2f} s"
-    assert isinstance(outcome.get("error"), AirflowException)
+    assert isinstance(outcome.get("error"), RingflowJobKilledException)
     assert "was killed (on_kill)" in str(outcome["error"])
 
 
@@ -502,8 +513,9 @@ def test_invalid_rendered_arguments_fail_without_retry_and_mask_secrets(sshd):
     op, _ = make_op(sshd, "no_such_connection", "t.py", dry_run=True,
                     extra_env="{{ params.env }}")
     op.render_template_fields({"params": {"env": '{"API_TOKEN": "tok\\n9141"}'}})
-    with pytest.raises(AirflowFailException) as info:
+    with pytest.raises(RingflowConfigException) as info:
         op.execute(context())
+    assert isinstance(info.value, AirflowFailException)
     assert str(info.value) == ("invalid PopRun configuration: extra_env: extra_env API_TOKEN: "
                                "the value holds a line break or NUL")
     with pytest.raises(AirflowException) as info:   # a value that quotes a secret in a slot
@@ -519,8 +531,9 @@ def test_cmd_timeout_fails_the_task_and_stops_the_remote_job(sshd, ssh_conn):
     """Airflow calls no on_kill after an exception, so execute stops what it started."""
     script = write_script(sshd, 'print("ready", flush=True)\ntime.sleep(300)\n')
     op, lines = make_op(sshd, ssh_conn, script, cmd_timeout=1)
-    with pytest.raises(AirflowException) as info:
+    with pytest.raises(RingflowLaunchException) as info:   # the host answers: not unreachable
         op.execute(context())
+    assert not isinstance(info.value, RingflowHostUnreachableException)
     assert ("stdout", "ready") in lines
     assert str(info.value).startswith(
         "host '127.0.0.1': no output for 1 s (cmd_timeout); on '127.0.0.1': ")

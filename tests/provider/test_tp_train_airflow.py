@@ -14,6 +14,7 @@ import re
 import signal
 import socket
 import subprocess
+import sys
 import textwrap
 import uuid
 from pathlib import Path
@@ -158,9 +159,9 @@ def test_a_conf_the_schema_allows_but_the_job_refuses_fails_the_task_naming_it(
         airflow_home, mark, conf, named):
     out = airflow("tasks", "test", DAG_ID, "train", "-t", json.dumps(conf), mark=mark)
     log = out.stdout + out.stderr
-    assert task_states(log) == ["failed"], log[-3000:]
+    assert task_states(log) == ["failed"], log[-3000:]  # retries=1, yet not up_for_retry
     assert named in log, log[-3000:]
-    assert "AirflowFailException" in log              # a bad value is not retried
+    assert "RingflowConfigException" in log           # an AirflowFailException: not retried
     assert "training transformer" not in log          # nothing started
 
 
@@ -184,6 +185,19 @@ def test_a_dag_run_returns_the_summary_and_emits_the_asset_event(airflow_home, m
     assert events == [("ringflow://ringflow_tp_train/train", {
         "checkpoint": summary["checkpoint"], "host": os.uname().nodename, "step": 12,
         "final_loss": summary["final_loss"]})]
+    # what `make demo` prints at the end, read through the REST API of an api-server the
+    # script starts and stops (the mark fixture checks that it is gone)
+    shown = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "demo_summary.py"), DAG_ID, "train"],
+        capture_output=True, text=True, timeout=240, env={**os.environ, "TP_TEST_MARK": mark})
+    assert shown.returncode == 0, (shown.stdout + shown.stderr)[-4000:]
+    first = summary["loss_history"][0]
+    assert shown.stdout.splitlines()[1:4] == [
+        f"{DAG_ID} run {run_id}: success",
+        f"loss {first[1]:.4f} at step 1 -> {summary['final_loss']:.4f} at step 12  (2 ranks: "
+        f"tensor parallel 2 x data parallel 1, {summary['samples_per_s']:,.0f} samples/s)",
+        f"checkpoint  {summary['checkpoint']}"]
+    assert f"asset event ringflow://ringflow_tp_train/train {events[0][1]}" in shown.stdout
 
 
 def write_dag(folder: Path, dag_id: str, retries: int, **model_args) -> Path:

@@ -23,9 +23,16 @@ from types import SimpleNamespace
 
 import pytest
 from airflow.sdk import Asset
-from airflow.sdk.exceptions import AirflowException, AirflowFailException
+from airflow.sdk.exceptions import AirflowFailException
 
+from ringflow_provider.exceptions import (
+    RingflowConfigException,
+    RingflowJobFailedException,
+    RingflowJobKilledException,
+    RingflowJobRefusedException,
+)
 from ringflow_provider.operators.tp_train import TPTrainOperator
+from ringflow_provider.tp_train.report import read_history
 from tests.procs import marked_processes
 from tests.provider import task_process
 from tests.provider.conftest import REPO, wait_until
@@ -98,8 +105,11 @@ def test_a_job_returns_its_summary_logs_progress_and_writes_checkpoints(make, tm
     summary = op.execute(ctx())
     assert set(summary) == {"final_loss", "loss_history", "samples_per_s", "steps",
                             "world_size", "mp_degree", "dp_degree", "checkpoint", "log_dir",
-                            "plot", "resumed_from"}
+                            "plot", "resumed_from", "loss_history_file"}
     assert [s for s, _ in summary["loss_history"]] == [1, 4, 8, 12]
+    assert summary["loss_history_file"] == str(tmp_path / "logs" / "loss_history.jsonl")
+    assert read_history(Path(summary["loss_history_file"])) == [
+        tuple(point) for point in summary["loss_history"]]
     assert summary["final_loss"] == summary["loss_history"][-1][1]
     assert (summary["steps"], summary["world_size"], summary["mp_degree"],
             summary["dp_degree"], summary["resumed_from"]) == (12, 2, 2, 1, None)
@@ -169,8 +179,9 @@ def test_a_secret_reaches_the_ranks_over_stdin_and_no_log_or_command_line(make):
 
 def test_a_rank_that_raises_fails_the_task_naming_rank_code_cause_and_log_tail(make):
     op = make(model="tests.provider.tp_builders:build", model_args={"fail_rank": 1})
-    with pytest.raises(AirflowException) as err:
+    with pytest.raises(RingflowJobFailedException) as err:
         op.execute(ctx())
+    assert (err.value.exit_code, err.value.host) == (1, None)
     message = str(err.value)
     first = message.splitlines()[0]
     assert re.fullmatch(r"training failed: rank 1 on host \S+ \(pid \d+\) failed first "
@@ -192,8 +203,9 @@ def test_a_rank_that_raises_fails_the_task_naming_rank_code_cause_and_log_tail(m
 def test_a_bad_value_fails_before_anything_starts_naming_it(make, tmp_path, overrides,
                                                            message):
     op = make(**overrides)
-    with pytest.raises(AirflowFailException, match=re.escape(message)):
+    with pytest.raises(RingflowConfigException, match=re.escape(message)) as err:
         op.execute(ctx())
+    assert isinstance(err.value, AirflowFailException)
     assert not (tmp_path / "logs").exists()
 
 
@@ -235,6 +247,7 @@ def test_on_kill_stops_every_rank_within_the_kill_window_and_execute_raises(make
     assert time.monotonic() - started < 2.0
     thread.join(10)
     assert not thread.is_alive()
+    assert isinstance(outcome["error"], RingflowJobKilledException)
     assert "was killed (on_kill)" in str(outcome["error"])
     wait_until(lambda: not marked(op.mark), 8, "every rank to be gone")
     assert shm_left() == []
@@ -284,8 +297,9 @@ def test_sigkill_of_the_task_process_leaves_no_rank_and_no_segment(tmp_path):
 
 def test_a_nan_loss_fails_without_retry_naming_the_step(make):
     op = make(model="mlp", optimizer={"type": "sgd", "learning_rate": 1e30})
-    with pytest.raises(AirflowFailException) as err:
+    with pytest.raises(RingflowJobRefusedException) as err:
         op.execute(ctx())
+    assert isinstance(err.value, AirflowFailException) and err.value.exit_code == 3
     message = str(err.value)
     assert "the loss is nan" in message or "the loss is inf" in message
     assert "at step" in message and "not retried" in message

@@ -27,6 +27,8 @@ def __getattr__(name: str) -> Any:
     if name == "OPTIMIZER_CLASSES":
         return optimizer_classes()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+#: the smallest learning rate an optimizer takes
+LEARNING_RATE_MINIMUM = 0.0
 #: constructor arguments a JSON spec cannot set, and why
 NOT_FROM_SPEC = {
     "parameters": "every trainable parameter is optimized",
@@ -100,7 +102,8 @@ def _check_argument(where: str, value: Any, param: inspect.Parameter) -> None:
                                       and all(isinstance(v, str) for v in value)):
             raise ConfigError(f"{where} must be a list of parameter-name parts, got {value!r}")
     elif value is not None or default is not None:
-        check_number(where, value, 0.0 if param.name == "learning_rate" else None)
+        check_number(where, value, LEARNING_RATE_MINIMUM if param.name == "learning_rate"
+                     else None)
 
 
 def check_number(where: str, value: Any, minimum: float | None = None) -> float:

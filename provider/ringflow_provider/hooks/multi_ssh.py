@@ -24,7 +24,7 @@ import paramiko
 from airflow.providers.ssh.hooks.ssh import SSHHook
 from airflow.sdk import BaseHook
 
-from ringflow.errors import LaunchError
+from ringflow.errors import HostUnreachableError, LaunchError, gathered
 from ringflow_provider.jobs.lines import TAIL_LINES, LineSink, LineSplitter
 
 __all__ = ["LineSink", "MultiHostSSHHook", "StreamResult"]
@@ -98,7 +98,7 @@ class MultiHostSSHHook(BaseHook):
         return f"{hook.username}@{host}:{hook.port}"
 
     def connect(self, host: str) -> paramiko.SSHClient:
-        """An open client to `host`, or LaunchError naming the host and the cause."""
+        """An open client to `host`, or HostUnreachableError naming the host and the cause."""
         try:
             hook = self.hook_for(host)
             client = hook.get_conn()
@@ -108,7 +108,7 @@ class MultiHostSSHHook(BaseHook):
             where = f"host {host!r} (connection {self.ssh_conn_id!r})"
             if host in self._hooks:
                 where = f"host {host!r} ({self.describe(host)}, connection {self.ssh_conn_id!r})"
-            raise LaunchError(
+            raise HostUnreachableError(
                 f"cannot open SSH to {where} within {self.conn_timeout} s: "
                 f"{type(exc).__name__}: {exc}"
             ) from exc
@@ -169,14 +169,14 @@ class MultiHostSSHHook(BaseHook):
         returned); else one error naming every failing host."""
         found: list[str] = []
 
-        def check(host: str) -> str | None:
+        def check(host: str) -> LaunchError | str | None:
             try:
                 if host != launch_host:
                     self.connect(host)
                     return None
                 code, out, _ = self.run(host, find_command, timeout=self.conn_timeout)
             except LaunchError as exc:
-                return str(exc)
+                return exc
             if code != 0:
                 return f"{executable!r} not found on launch host {host!r} (exit {code})"
             found.append(out.strip())
@@ -186,7 +186,7 @@ class MultiHostSSHHook(BaseHook):
         with ThreadPoolExecutor(max_workers=min(8, len(targets))) as pool:
             problems = [p for p in pool.map(check, targets) if p]
         if problems:
-            raise LaunchError("preflight failed: " + "; ".join(problems))
+            raise gathered("preflight", problems)
         return found[0]
 
     def stream(self, host: str, command: str, sink: LineSink,
@@ -231,8 +231,9 @@ class MultiHostSSHHook(BaseHook):
         try:
             self._pump(host, channel, sink, result, should_stop)
         except (OSError, paramiko.SSHException) as exc:
-            raise LaunchError(f"host {host!r}: the SSH stream failed ({type(exc).__name__}: "
-                              f"{exc}); the command may still be running there") from exc
+            raise HostUnreachableError(
+                f"host {host!r}: the SSH stream failed ({type(exc).__name__}: {exc}); the "
+                f"command may still be running there") from exc
         return result
 
     def _pump(self, host: str, channel: paramiko.Channel, sink: LineSink,

@@ -2,8 +2,8 @@
 
 A value is secret when it is given as a secret (a `secret_env` value, a connection password)
 or when its variable's name says so: the name contains secret, password, token or key (any
-case), or Airflow's masker deems the name sensitive (`should_hide_value_for_key`: passwd,
-authorization, private_key, ...). Importing this module imports nothing from Airflow.
+case), or Airflow's masker deems the name sensitive (passwd, authorization, private_key, ..., and
+`[core] sensitive_var_conn_names`). Importing this module imports nothing from Airflow.
 """
 
 from __future__ import annotations
@@ -26,12 +26,17 @@ def is_secret_name(name: str) -> bool:
 
 
 def _airflow_hides(name: str) -> bool:
+    """Whether Airflow's masker, as configured (`[core] sensitive_var_conn_names` too), hides
+    a value under `name`. Asked through its public `redact`, which replaces the whole value of
+    a sensitive name; the probe is compared with itself redacted without a name, so a
+    registered secret inside the probe cannot pass for a sensitive name."""
     try:
-        from airflow.sdk._shared.secrets_masker import should_hide_value_for_key
+        from airflow.sdk.log import redact
     except ImportError:  # outside Airflow (the rule above still holds)
         return False
+    probe = "ringflow-name-probe"
     try:
-        return bool(should_hide_value_for_key(name))
+        return redact(probe, str(name)) != redact(probe)
     except Exception:  # a masker without its configuration: our own rule decides
         return False
 

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar, TypeVar
 
-from ringflow.errors import LaunchError
+from ringflow.errors import LaunchError, gathered
 from ringflow.launch import jobdir
 from ringflow.launch.supervisor import ENV_KEY, FINAL_PREFIX, MASK_KEY, STARTED_PREFIX
 from ringflow_provider.launchers import commands
@@ -107,9 +107,9 @@ class Launcher:
 
         with ThreadPoolExecutor(max_workers=max(1, min(8, len(targets)))) as pool:
             results = dict(zip(targets, pool.map(attempt, targets)))
-        problems = [str(r) for r in results.values() if isinstance(r, LaunchError)]
+        problems = [r for r in results.values() if isinstance(r, LaunchError)]
         if problems:
-            raise LaunchError(f"{what} failed: " + "; ".join(problems))
+            raise gathered(what, problems)
         return results  # type: ignore[return-value]
 
     def run(self, host: str, command: str, timeout: float = COMMAND_TIMEOUT_S,

@@ -8,6 +8,9 @@ import hashlib
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+#: what a new try does when the previous try's job still runs (`on_existing`)
+ON_EXISTING = ("reattach", "restart")
+
 
 @dataclass(frozen=True)
 class TaskKey:

@@ -31,7 +31,7 @@ from typing import TypeVar
 import paramiko
 
 import ringflow
-from ringflow.errors import LaunchError
+from ringflow.errors import LaunchError, gathered
 from ringflow.floors import NUMPY_FLOOR, PYTHON_FLOOR, text
 from ringflow_provider.hooks.multi_ssh import MultiHostSSHHook
 
@@ -326,7 +326,7 @@ def _on_every_host(hosts: Sequence[str], work: Callable[[str], T], what: str) ->
     targets = list(dict.fromkeys(hosts))
     with ThreadPoolExecutor(max_workers=max(1, min(_MAX_HOSTS_AT_ONCE, len(targets)))) as pool:
         results = dict(zip(targets, pool.map(attempt, targets)))
-    problems = [str(r) for r in results.values() if isinstance(r, LaunchError)]
+    problems = [r for r in results.values() if isinstance(r, LaunchError)]
     if problems:
-        raise LaunchError(f"{what} failed: " + "; ".join(problems))
+        raise gathered(what, problems)
     return results  # type: ignore[return-value]

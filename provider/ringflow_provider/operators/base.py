@@ -8,21 +8,28 @@ from collections.abc import Callable
 from typing import Any, ClassVar
 
 from airflow.sdk import BaseOperator, conf
-from airflow.sdk.exceptions import AirflowException, AirflowFailException, TaskDeferred
+from airflow.sdk.exceptions import TaskDeferred
 from pydantic import TypeAdapter
 
 from ringflow.errors import LaunchError
+from ringflow_provider.exceptions import (
+    RingflowConfigException,
+    RingflowHostUnreachableException,
+    RingflowJobKilledException,
+    launch_exception,
+)
 from ringflow_provider.jobs.masking import Secrets
 from ringflow_provider.launchers import launcher_for
 from ringflow_provider.launchers.base import Launcher
-from ringflow_provider.launchers.job import JobHandle, TaskKey
+from ringflow_provider.launchers.job import ON_EXISTING, JobHandle, TaskKey
 from ringflow_provider.launchers.lines import JobLine
 from ringflow_provider.triggers.job import JobTrigger
 
 XCOM_JOB = "ringflow_job"
-ON_EXISTING = ("reattach", "restart")
 DEFAULT_LEASE_S = 1800.0
 DEFAULT_POLL_S = 10.0
+#: tries after the first when neither the task nor its DAG's default_args say
+DEFAULT_RETRIES = 1
 # executors whose workers share the host with the triggerer of a one-machine deployment
 _LOCAL_EXECUTORS = ("LocalExecutor", "SequentialExecutor", "DebugExecutor")
 
@@ -38,6 +45,9 @@ class RingflowJobOperator(BaseOperator):
         itself, default 1800; None: never
     :param on_existing: what a new try does when the previous try's job still runs:
         ``reattach`` (default: watch it to its end) or ``restart`` (stop it, start anew)
+
+    ``retries`` defaults to 1 where neither the task nor ``default_args`` (the DAG's, the task
+    group's or the task's) sets it.
     """
 
     #: how the triggerer reads the job's lines (`triggers.job.presenter`)
@@ -52,6 +62,11 @@ class RingflowJobOperator(BaseOperator):
                  poll_interval: float | str = DEFAULT_POLL_S,
                  lease_timeout: float | str | None = DEFAULT_LEASE_S,
                  on_existing: str = "reattach", **kwargs: Any) -> None:
+        # Airflow fills the task's arguments from `default_args` (the DAG's, the task
+        # group's and the task's own, merged) only where the call leaves them out, so the
+        # provider default goes in only where none of them speaks.
+        if "retries" not in (kwargs.get("default_args") or {}):
+            kwargs.setdefault("retries", DEFAULT_RETRIES)
         super().__init__(**kwargs)
         self.deferrable = deferrable
         self.poll_interval = poll_interval
@@ -103,7 +118,7 @@ class RingflowJobOperator(BaseOperator):
         try:
             self._job_options()
         except ValueError as exc:
-            raise AirflowFailException(f"task {self.task_id!r}: {exc}") from None
+            raise RingflowConfigException(f"task {self.task_id!r}: {exc}") from None
         self._launcher = launcher
         if self.deferrable and launcher.name == "local":
             self._check_triggerer_can_see(launcher)
@@ -146,14 +161,15 @@ class RingflowJobOperator(BaseOperator):
         """The triggerer saw the job end (or lost a host): report as the attached path does."""
         handle = JobHandle.from_dict(event["job"])
         self._handle = handle
-        if event.get("status") == "error":
-            raise AirflowException(self._secrets.mask(str(event.get("message"))))
+        if event.get("status") == "error":  # the triggerer lost a host
+            raise RingflowHostUnreachableException(
+                self._secrets.mask(str(event.get("message"))))
         launcher = launcher_for(handle, self.log)
         try:
             report = self.new_report()
             _, looks = launcher.read_all(handle, report.feed)
         except LaunchError as exc:
-            raise AirflowException(self._secrets.mask(str(exc))) from None
+            raise launch_exception(exc, self._secrets.mask(str(exc))) from None
         finally:
             launcher.close()
         finals = {host: {**(look.status or {}), "state": look.state}
@@ -170,8 +186,8 @@ class RingflowJobOperator(BaseOperator):
     # -- pieces ----------------------------------------------------------------------------
     def _raise_if_killed(self) -> None:
         if self._killed:
-            raise AirflowException(f"the job of task {self.task_id!r} was killed (on_kill); "
-                                   f"it was stopped on every host")
+            raise RingflowJobKilledException(f"the job of task {self.task_id!r} was killed "
+                                             f"(on_kill); it was stopped on every host")
 
     def _trigger(self, handle: JobHandle, offsets: dict[str, int]) -> JobTrigger:
         return JobTrigger(job=handle.to_dict(), offsets=offsets,
@@ -241,7 +257,7 @@ class RingflowJobOperator(BaseOperator):
                      for e in conf.get("core", "executor", fallback="").split(",") if e.strip()]
         if executors and all(e in _LOCAL_EXECUTORS for e in executors):
             return
-        raise AirflowException(
+        raise RingflowConfigException(
             f"deferrable=True without hosts runs the job on this worker, which the triggerer "
             f"cannot watch from another machine (executor {', '.join(executors)}): give "
             f"hosts=[...] (this worker's name too) with an ssh connection so the triggerer "

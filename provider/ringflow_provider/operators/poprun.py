@@ -13,10 +13,18 @@ from collections.abc import Container
 from functools import cached_property
 from typing import Any, ClassVar
 
-from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
+from airflow.sdk.exceptions import AirflowSkipException
 from pydantic import TypeAdapter
 
 from ringflow.errors import LaunchError, RingflowError
+from ringflow_provider.exceptions import (
+    RingflowConfigException,
+    RingflowHostUnreachableException,
+    RingflowJobFailedException,
+    RingflowJobKilledException,
+    RingflowLaunchException,
+    launch_exception,
+)
 from ringflow_provider.hooks.multi_ssh import MultiHostSSHHook
 from ringflow_provider.jobs.masking import Secrets
 from ringflow_provider.launchers import commands
@@ -173,7 +181,6 @@ class PopRunOperator(RingflowJobOperator):
         remote_state_dir: str | None = None,
         **kwargs: Any,
     ) -> None:
-        kwargs.setdefault("retries", 1)
         super().__init__(**kwargs)
         given = locals()
         for name in FIELD_NAMES:
@@ -214,7 +221,7 @@ class PopRunOperator(RingflowJobOperator):
                 check_host(self.launch_host)
         except (RingflowError, ValueError) as exc:
             message = self._given_secrets().mask(str(exc))
-            raise AirflowException(f"task {self.task_id!r}: {message}") from None
+            raise RingflowConfigException(f"task {self.task_id!r}: {message}") from None
 
     def _given_secrets(self) -> Secrets:
         """The secret values among the arguments as they stand (maybe not valid yet)."""
@@ -229,7 +236,8 @@ class PopRunOperator(RingflowJobOperator):
         try:
             return _BOOL.validate_python(value)
         except ValueError:
-            raise AirflowFailException(f"{name}: expected a boolean, got {value!r}") from None
+            raise RingflowConfigException(f"{name}: expected a boolean, got {value!r}") \
+                from None
 
     def _config(self) -> PopRunConfig:
         """The rendered arguments, validated; a bad value fails the task without retries."""
@@ -241,7 +249,7 @@ class PopRunOperator(RingflowJobOperator):
                 except ValueError as exc:
                     raise ValueError(f"launch_host: {exc}") from None
         except (RingflowError, ValueError) as exc:  # validation messages quote values
-            raise AirflowFailException(self._given_secrets().mask(str(exc))) from None
+            raise RingflowConfigException(self._given_secrets().mask(str(exc))) from None
         return config
 
     @property
@@ -305,7 +313,7 @@ class PopRunOperator(RingflowJobOperator):
             return self.run_job(context, launcher, lambda: self._start(
                 context, launcher, config, argv, launch_host, hidden, job_vars, masked))
         except LaunchError as exc:
-            raise AirflowException(self._secrets.mask(str(exc))) from None
+            raise launch_exception(exc, self._secrets.mask(str(exc))) from None
         finally:
             launcher.close()
 
@@ -369,12 +377,14 @@ class PopRunOperator(RingflowJobOperator):
         if final.get("state") == "unreachable":  # the stream failed (cmd_timeout, link lost)
             cause = final.get("cause") or "the stream failed"
             if self._next_try_attaches and "(cmd_timeout)" not in cause:
-                raise AirflowException(self._secrets.mask(
+                raise RingflowHostUnreachableException(self._secrets.mask(
                     f"{cause}; the job may still run on {host!r}: the next try attaches to "
                     f"it (or its lease stops it)"))
             said = self._stop_after_failure(handle, host)
-            raise AirflowException(self._secrets.mask(
-                f"{cause}; on {host!r}: {said}" if said else cause))
+            # cmd_timeout: the host answers, the job was silent for too long
+            lost = (RingflowLaunchException if "(cmd_timeout)" in cause
+                    else RingflowHostUnreachableException)
+            raise lost(self._secrets.mask(f"{cause}; on {host!r}: {said}" if said else cause))
         exit_code = final.get("exit_code")
         self._sweep_segments(handle)
         self._check_exit(exit_code if isinstance(exit_code, int) else -1, list(report.lines),
@@ -415,13 +425,15 @@ class PopRunOperator(RingflowJobOperator):
     def _check_exit(self, exit_code: int, tail: list[str], host: str,
                     final: dict[str, Any]) -> None:
         if self._killed:
-            raise AirflowException(f"PopRun job {self._handle.task if self._handle else ''} on "
-                                   f"{host!r} was killed (on_kill)")
+            raise RingflowJobKilledException(
+                f"PopRun job {self._handle.task if self._handle else ''} on {host!r} was "
+                f"killed (on_kill)")
         problem = exit_problem(exit_code, tail, host, final, self.skip_on_exit_code)
         if problem is not None:
             kind, message = problem
-            raise (AirflowSkipException if kind == "skip" else AirflowException)(
-                self._secrets.mask(message))
+            if kind == "skip":
+                raise AirflowSkipException(self._secrets.mask(message))
+            raise RingflowJobFailedException(self._secrets.mask(message), exit_code, host)
 
     def _stop_after_failure(self, handle: JobHandle, host: str) -> str:
         """A job outlives a failed stream (cmd_timeout, dropped link) and Airflow calls no

@@ -19,10 +19,16 @@ import uuid
 from typing import Any, ClassVar
 
 from airflow.sdk import Asset
-from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from ringflow.errors import LaunchError
 from ringflow.train.checkpoint import latest_checkpoint
+from ringflow_provider.exceptions import (
+    RingflowConfigException,
+    RingflowHostUnreachableException,
+    RingflowJobFailedException,
+    RingflowJobRefusedException,
+    launch_exception,
+)
 from ringflow_provider.hooks.multi_ssh import MultiHostSSHHook
 from ringflow_provider.jobs import Secrets
 from ringflow_provider.launchers import get_launcher
@@ -165,7 +171,6 @@ class TPTrainOperator(RingflowJobOperator):
                  ssh_conn_id: str | dict = MultiHostSSHHook.default_conn_name,
                  python: str = "python3", launcher: str = "ssh",
                  base_port: int | str | None = None, **kwargs: Any) -> None:
-        kwargs.setdefault("retries", 1)
         super().__init__(**kwargs)
         self.model, self.model_args, self.data = model, model_args or {}, data
         self.optimizer = optimizer if optimizer is not None else {"type": "adam",
@@ -243,8 +248,8 @@ class TPTrainOperator(RingflowJobOperator):
                 plan["log_dir"] = os.path.expanduser((self.log_dir or DEFAULT_LOG_DIR)
                                                      .format(**ids))
         except Exception as exc:  # validation messages quote values: mask them
-            raise AirflowFailException(self._secrets.mask(f"task {self.task_id!r}: {exc}")) \
-                from None
+            raise RingflowConfigException(
+                self._secrets.mask(f"task {self.task_id!r}: {exc}")) from None
         return plan
 
     # running ----------------------------------------------------------------------------------
@@ -259,7 +264,7 @@ class TPTrainOperator(RingflowJobOperator):
             return self.run_job(context, launcher, lambda: self._start(context, launcher, plan),
                                 where)
         except LaunchError as exc:
-            raise AirflowException(self._secrets.mask(str(exc))) from None
+            raise launch_exception(exc, self._secrets.mask(str(exc))) from None
         finally:
             launcher.close()
 
@@ -343,11 +348,15 @@ class TPTrainOperator(RingflowJobOperator):
         """The summary (XCom), the plot and the Asset event of a job that succeeded; the
         failure of one that did not: the same whether it was watched here or deferred."""
         if outcome.failed(finals):
-            message, code = outcome.failure(handle, report, finals)
-            message = self._secrets.mask(message)
-            if code in outcome.NO_RETRY:
-                raise AirflowFailException(f"{message}\n(not retried: {outcome.NO_RETRY[code]})")
-            raise AirflowException(message)
+            failed = outcome.failure(handle, report, finals)
+            message = self._secrets.mask(failed.message)
+            if failed.unreachable:
+                raise RingflowHostUnreachableException(message)
+            if not failed.retry_helps:
+                raise RingflowJobRefusedException(
+                    f"{message}\n(not retried: {outcome.NO_RETRY[failed.exit_code]})",
+                    failed.exit_code, failed.host)
+            raise RingflowJobFailedException(message, failed.exit_code, failed.host)
         summary, messages = outcome.summarize(handle, report, self.task_id)
         for message in messages:
             self.log.info("%s", message)

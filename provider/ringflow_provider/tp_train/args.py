@@ -1,16 +1,26 @@
 """TPTrainOperator's argument rules, without Airflow: numbers, env mappings, the hosts list
-and its SSH connections, the launcher's name, the hosts' interpreter, the ports."""
+and its SSH connections, the launcher's name, the hosts' interpreter, the ports; and
+`FormArgs`, the same rules as the pydantic model a trigger form's schema is made from."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from ringflow import naming
 from ringflow.errors import ConfigError
+from ringflow_provider.launchers.job import ON_EXISTING
 from ringflow_provider.rendered import json_text
 
 LAUNCHERS = ("ssh", "mpirun")
+#: the hosts' python as `interpreter` takes it (searched, as JSON schema does): a command or
+#: a path, never empty, an option (a leading '-') or a control character
+PYTHON_PATTERN = r"^\s*[^\s\x00-\x1f-](?:[^\x00-\x1f]*[^\s\x00-\x1f])?\s*$"
+#: one connection id (not blank); a mapping host -> id is not something a form offers
+CONN_ID_PATTERN = r"\S"
 
 
 def positive_int(value: Any, name: str) -> int:
@@ -56,7 +66,7 @@ def host_list(value: Any) -> list[str]:
 def connections(value: Any, hosts: list[str]) -> dict[str, str]:
     """host -> ssh connection id: one id for every host, or a mapping naming each host."""
     value = json_text(value, "ssh_conn_id") if isinstance(value, str) else value
-    if isinstance(value, str) and value.strip():
+    if isinstance(value, str) and re.search(CONN_ID_PATTERN, value):
         return {h: value.strip() for h in hosts}
     if isinstance(value, Mapping):
         missing = [h for h in hosts if not str(value.get(h, "")).strip()]
@@ -76,10 +86,10 @@ def launcher_name(value: Any) -> str:
 
 def interpreter(value: Any) -> str:
     """The hosts' python: a command or a path, never something an option parser reads."""
-    text = str(value or "").strip()
-    if not text or text.startswith("-") or any(ord(c) < 32 for c in text):
+    text = "" if value is None else str(value)
+    if not re.search(PYTHON_PATTERN, text):
         raise ValueError(f"python must be an interpreter's name or path, got {value!r}")
-    return text
+    return text.strip()
 
 
 def base_port(value: Any, nproc: int) -> int | None:
@@ -90,3 +100,31 @@ def base_port(value: Any, nproc: int) -> int | None:
         raise ValueError(f"base_port {port}: the ranks' ports {port}..{port + nproc - 1} must "
                          f"lie in 1024..65535")
     return port
+
+
+class FormArgs(BaseModel):
+    """TPTrainOperator's arguments beyond the job spec, one plain value each (as a trigger
+    form offers them), with the rules the functions above apply; the trigger form's schema
+    is made from it (`ringflow_provider.tp_train.form`)."""
+
+    # the patterns look ahead, as JSON schema may and Rust's regex cannot
+    model_config = ConfigDict(extra="forbid", regex_engine="python-re")
+
+    nproc_per_host: int = Field(2, ge=1, description="ranks (worker processes) on each host")
+    hosts: str | None = Field(None, pattern=naming.HOSTS_PATTERN,
+                              description="hostnames or IPv4 addresses, comma-separated; "
+                                          "empty: this Airflow worker")
+    ssh_conn_id: str = Field("ssh_default", pattern=CONN_ID_PATTERN,
+                             description="the ssh connection that reaches the hosts")
+    python: str = Field("python3", pattern=PYTHON_PATTERN,
+                        description="the interpreter on the hosts")
+    launcher: Literal[LAUNCHERS] = Field("ssh", description="ssh or mpirun")  # type: ignore[valid-type]
+    base_port: int | None = Field(None, ge=1024, le=65535,
+                                  description="the first rank port on every host")
+    deferrable: bool = Field(False, description="hand the watch to Airflow's triggerer")
+    poll_interval: float = Field(10.0, gt=0, description="seconds between the triggerer's "
+                                                         "looks at the job")
+    lease_timeout: float | None = Field(1800.0, gt=0, description="seconds a job runs on "
+                                                                  "unwatched")
+    on_existing: Literal[ON_EXISTING] = Field(  # type: ignore[valid-type]
+        "reattach", description="reattach or restart the previous try's running job")

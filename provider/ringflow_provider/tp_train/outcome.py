@@ -5,13 +5,21 @@ the triggerer."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ringflow_provider.launchers.job import JobHandle
 from ringflow_provider.launchers.local import ringflow_home
 from ringflow_provider.launchers.outcome import part_failure, rank_failure
-from ringflow_provider.tp_train.report import JobReport, failure_cause, plot_loss, text_chart
+from ringflow_provider.tp_train.report import (
+    JobReport,
+    failure_cause,
+    plot_loss,
+    text_chart,
+    thin_history,
+    write_history,
+)
 from ringflow_provider.tp_train.spec import path_part, task_folder
 
 # exit codes of ringflow.train that a retry cannot fix: a bad spec (2), a NaN/inf loss (3)
@@ -22,29 +30,52 @@ def failed(finals: dict[str, dict[str, Any]]) -> bool:
     return any(f.get("state") != "ended" or f.get("exit_code") != 0 for f in finals.values())
 
 
+@dataclass(frozen=True)
+class Failure:
+    """How a job failed: the task's message, the exit code, the host (None: this worker's)
+    and whether the host was lost rather than a process failing there."""
+
+    message: str
+    exit_code: int
+    host: str | None = None
+    unreachable: bool = False
+
+    @property
+    def retry_helps(self) -> bool:
+        return self.exit_code not in NO_RETRY
+
+
 def failure(handle: JobHandle, report: JobReport,
-            finals: dict[str, dict[str, Any]]) -> tuple[str, int]:
-    """(message, exit code): the rank that failed first across the hosts, with its cause and
-    its log's tail; else the part that ended badly (an agent, a lost supervisor, a host)."""
+            finals: dict[str, dict[str, Any]]) -> Failure:
+    """The rank that failed first across the hosts, with its cause and its log's tail; else
+    the part that ended badly (an agent, a lost supervisor, a host)."""
     hosts: list[str | None] = list(handle.hosts) if handle.show_hosts else [None]
     first = report.first_failure(hosts)
     if first is not None:
         host, entry = first
-        return rank_failure(report, host, entry, handle.log_dir, failure_cause,
-                            handle.hosts[0])
+        message, code = rank_failure(report, host, entry, handle.log_dir, failure_cause,
+                                     handle.hosts[0])
+        return Failure(message, code, host)
     bad = next((h for h, f in finals.items() if f.get("state") != "ended"
                 or f.get("exit_code") != 0), next(iter(finals), None))
-    return part_failure(report, bad if handle.show_hosts else None, finals.get(bad, {}),
-                        handle.hosts[0])
+    final = finals.get(bad, {})
+    message, code = part_failure(report, bad if handle.show_hosts else None, final,
+                                 handle.hosts[0])
+    return Failure(message, code, bad if handle.show_hosts else None,
+                   final.get("state") == "unreachable")
 
 
 def summarize(handle: JobHandle, report: JobReport, task_id: str
               ) -> tuple[dict[str, Any], list[str]]:
-    """The task's summary (its XCom) and the lines to log about it (the plot, the chart)."""
+    """The task's summary (its XCom) and the lines to log about it (the plot, the chart).
+    The summary's `loss_history` is thinned to at most 1,000 points; the whole history is in
+    the JSON lines file `loss_history_file`, beside the plot on this worker."""
     job = report.summary or {}
     world = handle.extra.get("nproc_per_host", 1) * len(handle.hosts)
     mp = handle.extra.get("mp_degree", 1)
-    plot, said = plot_loss(report.history, plot_folder(handle) / "loss.png",
+    folder = plot_folder(handle)
+    history_file = write_history(report.history, folder)
+    plot, said = plot_loss(report.history, folder / "loss.png",
                            f"{task_id}: {handle.extra.get('model')}, mp {mp} x dp "
                            f"{world // mp}")
     messages = [said]
@@ -52,7 +83,8 @@ def summarize(handle: JobHandle, report: JobReport, task_id: str
     if chart:
         messages.append(f"loss by step:\n{chart}")
     summary = {"final_loss": job.get("final_loss"),
-               "loss_history": [[s, v] for s, v in report.history],
+               "loss_history": [[s, v] for s, v in thin_history(report.history)],
+               "loss_history_file": str(history_file),
                "samples_per_s": job.get("samples_per_s"), "steps": job.get("steps"),
                "world_size": world, "mp_degree": mp, "dp_degree": world // mp,
                "checkpoint": job.get("checkpoint"), "log_dir": handle.log_dir,

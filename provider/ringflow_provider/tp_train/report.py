@@ -1,5 +1,6 @@
 """TPTrainOperator's reporting, without Airflow: the progress line a person reads, the loss
-history from the job's lines, a rank's last words, a text chart and the loss plot."""
+history from the job's lines (thinned for XCom, whole in a JSON lines file), a rank's last
+words, a text chart and the loss plot."""
 
 from __future__ import annotations
 
@@ -77,6 +78,38 @@ class Presenter:
             return "info", (f"launcher{where}: {line.payload.get('cause')} (exit code "
                             f"{line.payload.get('exit_code')})")
         return ("info" if line.stream == "stdout" else "warning"), line.shown
+
+
+# the loss history ------------------------------------------------------------------------------
+#: at most this many points of the loss history go into XCom (the metadata database)
+XCOM_HISTORY_POINTS = 1000
+HISTORY_FILE = "loss_history.jsonl"
+
+
+def thin_history(history: list[tuple[int, float]], limit: int = XCOM_HISTORY_POINTS
+                 ) -> list[tuple[int, float]]:
+    """At most `limit` points of `history`, evenly spaced over its points, the first and the
+    last always kept; a history that fits is returned whole."""
+    if len(history) <= limit:
+        return list(history)
+    if limit < 2:
+        return list(history[-limit:]) if limit else []
+    last = len(history) - 1
+    return [history[round(i * last / (limit - 1))] for i in range(limit)]
+
+
+def write_history(history: list[tuple[int, float]], folder: Path) -> Path:
+    """The whole history as JSON lines (``{"step": 1, "loss": 2.31}``) in `folder`."""
+    path = folder / HISTORY_FILE
+    text = "".join(json.dumps({"step": step, "loss": loss}) + "\n" for step, loss in history)
+    path.write_text(text)
+    return path
+
+
+def read_history(path: Path) -> list[tuple[int, float]]:
+    """The history `write_history` wrote."""
+    points = (json.loads(line) for line in path.read_text().splitlines() if line)
+    return [(int(p["step"]), float(p["loss"])) for p in points]
 
 
 # A rank's last words: ringflow.train's own error lines, else a Python exception's last line
