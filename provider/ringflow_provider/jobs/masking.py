@@ -50,6 +50,14 @@ def secret_env_values(env: Any) -> list[str]:
     return sorted(values, key=len, reverse=True)
 
 
+def split_env(env: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    """(plain, hidden): the variables of `env` whose values may sit on a command line, and
+    those under secret names, which travel as secrets do (stdin, never a command line)."""
+    plain = {name: value for name, value in env.items() if not is_secret_name(name)}
+    hidden = {name: value for name, value in env.items() if name not in plain}
+    return plain, hidden
+
+
 def mask_text(text: str, secrets: Iterable[str]) -> str:
     """`text` with every secret of at least MIN_MASKED_LEN characters replaced by ***."""
     for secret in secrets:
