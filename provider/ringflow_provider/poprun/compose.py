@@ -16,7 +16,13 @@ from typing import Any
 from pydantic import ValidationError
 
 from ringflow.errors import ConfigError
-from ringflow_provider.jobs.masking import MASK, MIN_MASKED_LEN, mask_text, secret_env_values
+from ringflow_provider.jobs.masking import (
+    MASK,
+    MIN_MASKED_LEN,
+    Secrets,
+    mask_text,
+    secret_env_values,
+)
 from ringflow_provider.poprun.models import (
     FIELD_NAMES,
     RESERVED_ENV,
@@ -134,9 +140,9 @@ def secret_values(config: PopRunConfig, extra: Iterable[str | None] = ()) -> lis
     secret_env value, plus `extra` (passwords, the job token). A value shorter than
     MIN_MASKED_LEN is not masked wherever it occurs (as in Airflow's masker); the argv sent
     (`launch_argv`) has no slot for any of them to show in."""
-    values = [*config.hidden_env().values(), *(v for v in extra if v)]
-    # Longest first, so a secret that contains another is masked whole.
-    return sorted({v for v in values if v}, key=len, reverse=True)
+    found = Secrets().add_env(config.extra_env or {})
+    found.add_env(config.secret_env or {}, all_secret=True).add(*extra)
+    return found.values  # longest first, so a secret that contains another is masked whole
 
 
 def mask_argv(argv: list[str], secrets: Iterable[str],
