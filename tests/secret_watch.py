@@ -7,6 +7,7 @@ interface (`Capture`: tcpdump, reassembled per connection), every file under giv
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import signal
@@ -14,6 +15,7 @@ import stat
 import struct
 import subprocess
 import time
+import zlib
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -109,11 +111,11 @@ class Capture:
 
     def streams(self) -> dict[tuple, bytes]:
         """Each TCP connection direction's payload, in sequence order, and each UDP flow's
-        (a flow seen on two links counts once)."""
+        (a flow seen on two links counts once), as `readable` reads it."""
         flows: dict[tuple, bytes] = {}
         for name in self.interfaces:
             flows.update(tcp_streams((self.folder / f"{name}.pcap").read_bytes()))
-        return flows
+        return {key: readable(data) for key, data in flows.items()}
 
 
 def tcp_streams(pcap: bytes) -> dict[tuple, bytes]:
@@ -144,6 +146,19 @@ def tcp_streams(pcap: bytes) -> dict[tuple, bytes]:
             key = ("udp", src, sport, dst, dport)
             segments.setdefault(key, {})[len(segments.get(key, {}))] = body[8:]
     return {key: b"".join(parts[s] for s in sorted(parts)) for key, parts in segments.items()}
+
+
+def readable(data: bytes) -> bytes:
+    """What anyone on the wire reads in `data`: the bytes, and every zlib stream in them
+    inflated (Open MPI compresses its larger launch messages)."""
+    found = [data]
+    at = data.find(b"\x78")
+    while at >= 0:
+        if data[at + 1:at + 2] in (b"\x01", b"\x5e", b"\x9c", b"\xda"):
+            with contextlib.suppress(zlib.error):
+                found.append(zlib.decompressobj().decompress(data[at:], 1 << 26))
+        at = data.find(b"\x78", at + 1)
+    return b"\0".join(found)
 
 
 def files_holding(roots: Iterable[Path], values: Iterable[str]) -> dict[str, list[str]]:
