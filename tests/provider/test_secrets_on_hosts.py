@@ -1,5 +1,6 @@
 """Secrets of a TPTrainOperator job (``secret_env``, ``extra_env`` under secret names, the job
-token) on hosts that are real hosts (tests/hosts.py), for each launcher: never on a command
+token) on hosts that are real hosts (tests/hosts.py), for each launcher, and of a
+PopRunOperator job running ringflow-poprun on Open MPI: never on a command
 line of any process on any host (every execve traced with strace, from the host's sshd and
 from this process, for the whole job), never in clear on the network between the hosts (a
 tcpdump of their bridge, TCP reassembled), never in a file the job wrote (job, log and
@@ -12,6 +13,7 @@ one thing about what was recorded."""
 
 from __future__ import annotations
 
+import json
 import os
 import secrets as token_source
 import threading
@@ -21,15 +23,18 @@ from pathlib import Path
 
 import pytest
 
+from ringflow_provider.operators.poprun import PopRunOperator
 from ringflow_provider.operators.tp_train import TPTrainOperator
-from tests.provider.conftest import wait_until
+from tests.provider.conftest import REPO, wait_until
 from tests.provider.contexts import TaskInstanceStub
 from tests.provider.test_poprun_operator import RecordingLog
 from tests.secret_watch import Capture, ExecTrace, children, files_holding
 
 pytestmark = [pytest.mark.ssh, pytest.mark.multiproc, pytest.mark.slow]
 MLP = {"input_size": 8, "hidden_size": 256, "num_classes": 4}
-LAUNCHERS = ["local", "ssh", "mpirun"]
+LAUNCHERS = ["local", "ssh", "mpirun", "poprun"]  # poprun: PopRunOperator, ringflow-poprun
+SCRIPT = REPO / "examples" / "poprun_dp_train.py"
+TRAIN_FILES = {"spec.json", "handle.json", "status.json", "output.log", "workerlog.0"}
 
 
 def _value(kind: str) -> str:
@@ -42,6 +47,7 @@ class Watched:
 
     launcher: str
     world: int                         # ranks of the job
+    files: set[str]                    # names of files the job surely wrote
     values: dict[str, str]             # what -> value (the secrets and the plain control)
     execs: str = ""                    # every execve's argv, every host and this machine
     wire: dict = field(default_factory=dict)  # the bridge's reassembled flows
@@ -63,12 +69,21 @@ def _environ(pid_dir: Path) -> dict[str, str]:
                 for item in raw.split(b"\0") if b"=" in item)
 
 
+def _comm(pid_dir: Path) -> str:
+    """The program's name (not the sh around an mpirun process, whose /proc environ is
+    what it started with, not what it exported)."""
+    try:
+        return (pid_dir / "comm").read_text().strip()
+    except OSError:
+        return ""
+
+
 def _rank_envs(procs: list[Path], marker: str) -> list[dict[str, str]]:
     """The environments of the job's ranks (PADDLE_TRAINER_ID set, the control value in)."""
     found = []
     for proc in procs:
         for entry in proc.iterdir() if proc.is_dir() else ():
-            if entry.name.isdigit():
+            if entry.name.isdigit() and _comm(entry).startswith("python"):
                 env = _environ(entry)
                 if "PADDLE_TRAINER_ID" in env and env.get("RF_PLAIN") == marker:
                     found.append(env)
@@ -89,7 +104,9 @@ def watched(request, ns_hosts, tmp_path_factory) -> Watched:
     tmp = tmp_path_factory.mktemp(f"secrets-{launcher}")
     values = {"extra": _value("xs"), "secret": _value("ss"), "plain": _value("pl")}
     hosts = list(ns_hosts)[:2]
-    watch = Watched(launcher, 2 if launcher == "local" else 4, values)
+    watch = Watched(launcher, 2 if launcher == "local" else 4,
+                    {"handle.json", "status.json", "output.log"} if launcher == "poprun"
+                    else {*TRAIN_FILES, f"workerlog.{1 if launcher == 'local' else 3}"}, values)
     with pytest.MonkeyPatch.context() as mp:
         args = dict(task_id="train", model="mlp", model_args=MLP, dtype="float32",
                     steps=100000, log_every=1, global_batch_size=256,
@@ -114,7 +131,10 @@ def watched(request, ns_hosts, tmp_path_factory) -> Watched:
             procs = [Path(f"/proc/{h.init_pid}/root/proc") for h in hosts]
             # each host's sshd (everything SSH starts there) and this process (the launcher)
             traced = [os.getpid(), *(c for h in hosts for c in children(h.init_pid))]
-        op = TPTrainOperator(**args)
+        if launcher == "poprun":
+            op = _poprun(mp, tmp, hosts, args)
+        else:
+            op = TPTrainOperator(**args)
         op._cached_logger = RecordingLog()
         context = {"ti": TaskInstanceStub("secrets", "train", f"run-{uuid.uuid4().hex[:8]}")}
         done = threading.Event()
@@ -135,8 +155,9 @@ def watched(request, ns_hosts, tmp_path_factory) -> Watched:
                        done.is_set(), "every rank of the job to run")
                 watch.rank_envs = _rank_envs(procs, values["plain"])
                 # a checkpoint is written at step 3
+                step = "<stdout>:step 5 " if launcher == "poprun" else "step 5/"
                 _until(op, lambda: done.is_set() or any(
-                    "step 5/" in m for _, m in op.log.records), "step 5")
+                    step in m for _, m in op.log.records), "step 5")
             finally:
                 op.on_kill()
                 thread.join(60)
@@ -147,6 +168,27 @@ def watched(request, ns_hosts, tmp_path_factory) -> Watched:
                 wait_until(lambda host=host: not host.leftovers(), 30,
                            f"{host.address}: every process of the job to end")
     return watch
+
+
+def _poprun(mp, tmp: Path, hosts, args: dict) -> PopRunOperator:
+    """PopRunOperator running ringflow-poprun (Open MPI) on the hosts, one connection for
+    both (host keys from a known_hosts of the test's own HOME), the script in each home."""
+    home = tmp / "worker-home"
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".ssh" / "known_hosts").write_text(
+        "".join(f"{h.address} {h.host_key_line}\n" for h in hosts))
+    mp.setenv("HOME", str(home))
+    conn = hosts[0].connection()
+    conn["extra"].pop("host_key")
+    mp.setenv("AIRFLOW_CONN_RINGFLOW_SEC_POPRUN", json.dumps(conn))
+    for host in hosts:
+        (host.home / SCRIPT.name).write_text(SCRIPT.read_text())
+    return PopRunOperator(
+        task_id="poprun", hosts=[h.address for h in hosts], nproc_per_host=2,
+        ipus_per_replica=1, num_ipus=4, ipu_partition="pod4", vipu_server="127.0.0.1",
+        training_script=f"/root/{SCRIPT.name}", training_script_args=["--steps", "1000000"],
+        python="/usr/bin/python3", poprun="ringflow-poprun", ssh_conn_id="ringflow_sec_poprun",
+        ringflow_job=True, extra_env=args["extra_env"], secret_env=args["secret_env"])
 
 
 def test_the_ranks_get_every_secret_in_their_environment(watched):
@@ -169,10 +211,9 @@ def test_no_secret_is_in_any_file_the_job_wrote(watched):
     names = {Path(folder, name).name for root in watched.roots
              for folder, _, files in os.walk(root) for name in files}
     # the control: the folders searched hold the job's files
-    assert {"spec.json", "handle.json", "status.json", "output.log", "workerlog.0",
-            f"workerlog.{watched.world - 1}"} <= names
-    assert any(name.endswith(".npy") or name.endswith(".npz") or name == "meta.json"
-               for name in names), sorted(names)
+    assert watched.files <= names
+    if watched.launcher != "poprun":  # and its checkpoints
+        assert any(name.endswith(".npz") for name in names), sorted(names)
     token = watched.rank_envs[0]["RINGFLOW_JOB_TOKEN"]
     found = files_holding(watched.roots, [*watched.secrets.values(), token])
     assert all(paths == [] for paths in found.values()), found
