@@ -116,7 +116,9 @@ def launch_argv(config: PopRunConfig, secret: Iterable[str] = (),
     then secret_env's and `secret`'s at the end of --mpi-local-args), then `-x NAME=VALUE`
     for each `plain` variable. mpirun exports a bare `-x NAME` with the value of its own
     environment, which the launch script set from the SSH channel's stdin: so no secret
-    value is on poprun's (or any) command line."""
+    value is on poprun's (or any) command line. ringflow-poprun takes every bare `-x NAME`
+    for a secret and hands it to each host over SSH instead, never through Open MPI's own
+    clear TCP (`ringflow.launch.secret_drop`)."""
     hidden = [*(config.secret_env or {}), *secret]
     plain = dict(plain or {})
     taken = set(RESERVED_ENV) | set(config.extra_env or {}) | set(hidden)
