@@ -20,7 +20,8 @@ venv: $(STAMP)
 # System packages the tests need, each installed only when missing: the OpenSSH server (the
 # SSH tests start their own sshd), Debian's python3-numpy (the namespace test hosts run the
 # runtime on /usr/bin/python3, not on .venv, so the numpy floor is tested for real), Open
-# MPI's mpirun (openmpi-bin: ringflow-poprun runs PopRun instances with it) and Debian's
+# MPI's mpirun (openmpi-bin: ringflow-poprun runs PopRun instances with it), tcpdump and
+# strace (the secrets tests watch the hosts' links and every command line) and Debian's
 # Chromium (the e2e tests drive /usr/bin/chromium with Playwright; no browser download).
 sysdeps:
 	@debs=""; browser=""; \
@@ -29,6 +30,8 @@ sysdeps:
 	fi; \
 	if ! /usr/bin/python3 -c 'import numpy' 2>/dev/null; then debs="$$debs python3-numpy"; fi; \
 	if ! command -v mpirun >/dev/null; then debs="$$debs openmpi-bin"; fi; \
+	if ! command -v tcpdump >/dev/null; then debs="$$debs tcpdump"; fi; \
+	if ! command -v strace >/dev/null; then debs="$$debs strace"; fi; \
 	if [ ! -x /usr/bin/chromium ]; then browser="chromium"; fi; \
 	if [ -n "$$debs$$browser" ]; then \
 		echo "installing $$debs $$browser"; \

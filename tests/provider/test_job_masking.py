@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import json
 
-from ringflow_provider.jobs.masking import Secrets, is_secret_name
+from ringflow_provider.jobs.masking import Secrets, is_secret_name, split_env
 from ringflow_provider.poprun import build_poprun_argv, mask_argv, parse_config, secret_values
 
 
 def test_secret_names_are_ours_and_those_airflows_masker_hides():
-    ours = ["API_TOKEN", "my_secret_x", "DB_PASSWORD", "WANDB_KEY", "keyring"]
-    airflows = ["DB_PASSWD", "AUTHORIZATION", "ssh_passphrase", "HTTP_PROXY", "PG_DSN"]
-    plain = ["PLAIN", "RUN_NAME", "PADDLE_TRAINER_ENDPOINTS", "OMP_NUM_THREADS", "LR"]
+    ours = ["API_TOKEN", "my_secret_x", "DB_PASSWORD", "WANDB_KEY", "DB_PASS", "GH_PAT"]
+    airflows = ["HTTP_PROXY", "SERVICE_ACCOUNT_JSON", "BEARER", "CONNECTION_STRING",
+                "SLACK_WEBHOOK_URL"]
+    # "key" is a word, not a substring (ringflow.secrets)
+    plain = ["PLAIN", "RUN_NAME", "PADDLE_TRAINER_ENDPOINTS", "OMP_NUM_THREADS", "LR",
+             "keyring", "KEYBOARD_LAYOUT", "PWD", "PASSTHROUGH"]
     assert [n for n in ours + airflows if not is_secret_name(n)] == []
     assert [n for n in plain if is_secret_name(n)] == []
 
@@ -53,3 +56,50 @@ def test_poprun_masks_the_names_airflow_hides_in_its_argv_slots():
                        config.secret_env_names())
     local = next(a for a in masked if a.startswith("--mpi-local-args="))
     assert local.endswith("-x DB_PASSWD=*** -x PLAIN=visible")
+
+
+URL = "postgres://app:pw-5544x@db:5432/prod"
+
+
+def test_a_url_password_is_masked_and_the_rest_of_the_url_stays_readable():
+    secrets = Secrets().add_env({"DATABASE_URL": URL, "RUN_NAME": "visible-1"})
+    assert secrets.values == ["pw-5544x"]
+    assert secrets.mask(f"connecting to {URL}") == "connecting to postgres://app:***@db:5432/prod"
+
+
+def test_under_a_secret_name_or_as_secret_env_the_whole_url_is_masked_and_its_password():
+    named = Secrets().add_env({"DB_DSN": URL})
+    given = Secrets().add_env({"ANY": URL}, all_secret=True)
+    for secrets in (named, given):
+        assert secrets.values == [URL, "pw-5544x"]
+        assert secrets.mask(f"{URL} and pw-5544x") == "*** and ***"
+
+
+def test_the_triggers_secrets_from_the_values_list_mask_url_passwords_too():
+    """JobTrigger gets the operator's values (Secrets.values) and makes Secrets of them."""
+    assert Secrets([URL]).mask("pw-5544x") == "***"
+
+
+def test_airflows_masker_gets_a_url_password_and_keeps_the_rest():
+    from airflow.sdk._shared.secrets_masker import redact
+
+    Secrets().add_env({"DATABASE_URL": "mysql://u:reg-pw-9911@h/db"}).register()
+    assert redact("mysql://u:reg-pw-9911@h/db") == "mysql://u:***@h/db"
+
+
+def test_variables_under_secret_names_or_holding_a_url_password_travel_hidden():
+    plain, hidden = split_env({"DATABASE_URL": URL, "DB_PASS": "pw-1", "PWD": "/w",
+                               "KEYBOARD_LAYOUT": "us", "BASE_URL": "https://u@h/"})
+    assert hidden == {"DATABASE_URL": URL, "DB_PASS": "pw-1"}
+    assert plain == {"PWD": "/w", "KEYBOARD_LAYOUT": "us", "BASE_URL": "https://u@h/"}
+
+
+def test_poprun_sends_a_url_with_a_password_over_stdin_with_a_bare_x_slot():
+    config = parse_config(dict(hosts="n1", nproc_per_host=1, ipus_per_replica=1, num_ipus=1,
+                               ipu_partition="p", vipu_server="s", training_script="t.py",
+                               extra_env={"DATABASE_URL": URL, "PLAIN": "visible"}))
+    assert config.hidden_env() == {"DATABASE_URL": URL}
+    assert secret_values(config) == ["pw-5544x"]
+    local = next(a for a in build_poprun_argv(config, bare=config.secret_env_names())
+                 if a.startswith("--mpi-local-args="))
+    assert local.endswith("-x DATABASE_URL -x PLAIN=visible")

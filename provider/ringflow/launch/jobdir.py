@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ringflow.secrets import MIN_MASKED_LEN  # shorter values are not replaced anywhere
+
 OUTPUT, STATUS, LEASE, LOCK, STOP, OWN_LOG = (
     "output.log", "status.json", "lease", "lock", "stop", "supervisor.log")
 STATUS_VERSION = 1
@@ -67,7 +69,6 @@ def write_json(path: Path, value: dict[str, Any]) -> None:
 
 
 MASK = b"***"
-MIN_MASKED_LEN = 5  # as Airflow's masker: shorter values are not replaced wherever they occur
 
 
 class OutputWriter:

@@ -5,8 +5,9 @@ python -m ringflow.launch --host-index-env OMPI_COMM_WORLD_RANK ...``.
 Runs on the first host. mpirun starts the agent command once per host (one process per
 node, MPI rank = host index), each agent starts its host's ranks with the PADDLE_* contract
 as always. With ``--stdin`` the first stdin line holds the secret variables (the job token,
-secret_env: ``ringflow.launch.stdin``), which mpirun exports to every agent as bare ``-x
-NAME``, and the end of stdin stops the job (its starter is gone). The job itself is
+secret_env: ``ringflow.launch.stdin``), which reach every agent over SSH, never through
+mpirun (``ringflow.launch.secret_drop``), and the end of stdin stops the job (its starter is
+gone). The job itself is
 `ringflow.launch.mpirun_job`'s: output in whole lines tagged ``[1,<host index>]<stdout>:``,
 the first failing agent named, SIGTERM forwarded, leftovers stopped on this host.
 """
@@ -39,9 +40,10 @@ class AgentsJob(MpirunJob):
 
 
 def agents_plan(hosts: list[str], agent: list[str], exports: list[str],
-                mpi_args: str) -> MpirunPlan:
+                mpi_args: str, secrets: list[str] = ()) -> MpirunPlan:
     """One agent per host (MPI rank = host index), each exported the variables `exports`
-    names (bare `-x NAME`: values never on a command line)."""
+    names (bare `-x NAME`: values never on a command line) and given the `secrets` (over
+    SSH, never through mpirun: `ringflow.launch.secret_drop`)."""
     options = [part for name in dict.fromkeys(exports) for part in ("-x", name)]
     # The agents' workers must not print exit-time lines (the agents tag their lines).
     options += ["-x", f"{REPORT_EXIT_VAR}=0"]
@@ -51,7 +53,7 @@ def agents_plan(hosts: list[str], agent: list[str], exports: list[str],
         global_args = tuple(shlex.split(mpi_args))
     except ValueError as exc:
         raise ConfigError(f"--mpi-args: cannot split {mpi_args!r} into options ({exc})") from None
-    return MpirunPlan(contexts, global_args)
+    return MpirunPlan(contexts, global_args, secrets=tuple(secrets))
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -83,11 +85,12 @@ def main(argv: list[str] | None = None) -> int:
         environ = dict(os.environ)
         secrets = read_secrets(STDIN_FD) if ns.stdin else {}
         environ.update(secrets)
-        names = [*(n.strip() for n in ns.export.split(",") if n.strip()), *secrets]
+        names = [n.strip() for n in ns.export.split(",") if n.strip() and
+                 n.strip() not in secrets]
         missing = [n for n in names if n not in environ]
         if missing:
             raise ConfigError(f"--export names variables that are not set: {missing}")
-        plan = agents_plan(list(hosts), ns.agent, names, ns.mpi_args)
+        plan = agents_plan(list(hosts), ns.agent, names, ns.mpi_args, list(secrets))
     except ConfigError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2

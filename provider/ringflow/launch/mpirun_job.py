@@ -38,6 +38,7 @@ from ringflow.launch.openmpi import (
     mpirun_argv,
     one_per_host_argv,
 )
+from ringflow.launch.secret_drop import SecretDrop
 from ringflow.launch.watchdog import WatchdogClient
 
 __all__ = ["Lifeline", "MpirunJob"]
@@ -186,7 +187,18 @@ class MpirunJob:
         self._token = identity.token
         for line in self.intro_lines(identity.job_id):
             self.say(line)
-        argv = mpirun_argv(self.plan, env, self.mpirun)
+        # Open MPI would carry the secrets to its daemons in clear: each host gets them over
+        # SSH instead, and mpirun never has them
+        secrets = {name: env[name] for name in self.plan.secrets if name in env}
+        secrets[JOB_TOKEN_VAR] = identity.token
+        drop = SecretDrop(self.plan.ranks_by_host(), secrets, env, identity.job_id)
+        env = {name: value for name, value in env.items() if name not in secrets}
+        try:
+            drop.deliver()
+        except LaunchError as exc:
+            self.say(f"error: {exc}")
+            return 1
+        argv = mpirun_argv(self.plan, env, self.mpirun, secrets_dir=drop.folder)
         if self.verbose:
             self.say("mpirun command: " + " ".join(argv))
         try:
@@ -198,6 +210,8 @@ class MpirunJob:
             code = self._run_mpirun(argv, env)
         finally:
             self._stop_leftovers(identity.token)
+            for problem in drop.remove():
+                self.say(f"warning: {problem}")
         if code != 0:
             code = self._first_failure(code)
             self._sweep(identity.job_id, env)

@@ -12,19 +12,21 @@ from __future__ import annotations
 import itertools
 import os
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ringflow.launch.env import JOB_ID_VAR, JOB_TOKEN_VAR
 from ringflow.launch.lines import MAX_LINE_BYTES, BoundedLines
+from ringflow.launch.secret_drop import SECRETS_DIR_VAR
 
 __all__ = ["EXIT_LINE", "INSTANCE_SH", "RANK_EXIT_LINE", "AppContext", "MpirunPlan",
            "OutputJoiner", "base_argv", "context_argv", "exported_names", "exported_values",
            "mpirun_argv", "one_per_host_argv"]
 
 # Exported from the job's own environment to every process, as poprun does, when set; the
-# job's identity too. A bare `-x NAME`: mpirun exports its own value, so the token is never
-# on a command line.
+# job's id too (a bare `-x NAME`: mpirun exports its own value). The job's token and the
+# plan's secrets are no `-x` once a secrets folder is given: Open MPI would carry their
+# values to its daemons in clear; the hosts get them over SSH (`secret_drop`).
 PASS_THROUGH = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH")
 JOB_VARS = (JOB_ID_VAR, JOB_TOKEN_VAR)
 REPORT_EXIT_VAR = "RINGFLOW_REPORT_EXIT_TIME"
@@ -36,7 +38,13 @@ REPORT_EXIT_VAR = "RINGFLOW_REPORT_EXIT_TIME"
 # where this began; command lines stay as they were.)
 EXIT_MARK = "ringflow-poprun-exit"
 INSTANCE_NAME = "ringflow-poprun-instance"  # the sh's $0
-INSTANCE_SH = ('"$@"; code=$?; printf "%s %s %s\\n" ' + EXIT_MARK +
+# With RINGFLOW_SECRETS_DIR set, the sh first sources this process's secrets file there (one
+# per MPI rank, delivered over SSH: `secret_drop`) and removes it.
+SECRETS_SH = ('if [ -n "$RINGFLOW_SECRETS_DIR" ]; then '
+              'f="$RINGFLOW_SECRETS_DIR/$OMPI_COMM_WORLD_RANK"; '
+              'if [ ! -r "$f" ]; then echo "ringflow: no secrets file $f on $(hostname)" >&2; '
+              'exit 97; fi; . "$f"; rm -f "$f"; unset f; fi; unset RINGFLOW_SECRETS_DIR; ')
+INSTANCE_SH = (SECRETS_SH + '"$@"; code=$?; printf "%s %s %s\\n" ' + EXIT_MARK +
                ' "$code" "$(date +%s.%N)" >&2; exit "$code"')
 EXIT_LINE = re.compile(rf"^{EXIT_MARK} (\d+) (\d+(?:\.\d+)?)$")
 # A ringflow worker's own line, printed as it begins to exit, before its rings close (so
@@ -70,11 +78,20 @@ class AppContext:
 @dataclass(frozen=True)
 class MpirunPlan:
     """One mpirun job: a process per app context (MPI rank = index), mpirun's own options,
-    and the job's id when its command line names one (`-x RINGFLOW_JOB_ID=...`)."""
+    the job's id when its command line names one (`-x RINGFLOW_JOB_ID=...`), and which
+    variables are secret."""
 
     contexts: tuple[AppContext, ...]
     global_args: tuple[str, ...] = ()
     job_id: str | None = None
+    #: variables whose values are secret: never a `-x` (delivered over SSH, `secret_drop`)
+    secrets: tuple[str, ...] = ()
+
+    def ranks_by_host(self) -> dict[str, list[int]]:
+        ranks: dict[str, list[int]] = {}
+        for index, ctx in enumerate(self.contexts):
+            ranks.setdefault(ctx.host, []).append(index)
+        return ranks
 
     @property
     def hosts(self) -> tuple[str, ...]:
@@ -105,14 +122,36 @@ def base_argv(mpirun: str, global_args: Sequence[str], as_root: bool | None = No
             "--bind-to", "none", *global_args]
 
 
-def context_argv(ctx: AppContext, environ: Mapping[str, str]) -> list[str]:
+def without_exports(options: Sequence[str], names: Collection[str]) -> list[str]:
+    """mpirun options with every bare `-x NAME` of `names` taken out."""
+    out: list[str] = []
+    skip = False
+    for index, item in enumerate(options):
+        if skip:
+            skip = False
+            continue
+        if item == "-x" and index + 1 < len(options) and options[index + 1] in names:
+            skip = True
+            continue
+        out.append(item)
+    return out
+
+
+def context_argv(ctx: AppContext, environ: Mapping[str, str], secrets: Collection[str] = (),
+                 secrets_dir: str | None = None) -> list[str]:
     """One app context: its host, its options, the variables of `environ` named in
-    PASS_THROUGH or JOB_VARS (bare), its env, the exit-time report, the sh around argv."""
-    taken = exported_names(ctx.options)
-    argv = ["-np", "1", "-H", f"{ctx.host}:{ctx.slots}", *ctx.options]
+    PASS_THROUGH or JOB_VARS (bare), its env, the exit-time report, the sh around argv.
+    With `secrets_dir` the `secrets` (and the job token) are no `-x`: the sh reads them
+    from its file there."""
+    hidden = {*secrets, JOB_TOKEN_VAR} if secrets_dir else set()
+    options = without_exports(ctx.options, hidden)
+    taken = exported_names(options)
+    argv = ["-np", "1", "-H", f"{ctx.host}:{ctx.slots}", *options]
     for name in (*PASS_THROUGH, *JOB_VARS):
-        if name in environ and name not in taken:
+        if name in environ and name not in taken and name not in hidden:
             argv += ["-x", name]
+    if secrets_dir:
+        argv += ["-x", f"{SECRETS_DIR_VAR}={secrets_dir}"]
     for name, value in ctx.env.items():
         if name not in taken:
             argv += ["-x", f"{name}={value}"]
@@ -122,12 +161,13 @@ def context_argv(ctx: AppContext, environ: Mapping[str, str]) -> list[str]:
 
 
 def mpirun_argv(plan: MpirunPlan, environ: Mapping[str, str], mpirun: str = "mpirun",
-                as_root: bool | None = None) -> list[str]:
-    """mpirun's argv: the base, then the app contexts separated by `:` (MPMD)."""
+                as_root: bool | None = None, secrets_dir: str | None = None) -> list[str]:
+    """mpirun's argv: the base, then the app contexts separated by `:` (MPMD); with
+    `secrets_dir`, the plan's secrets and the token come from files there, not from `-x`."""
     argv = base_argv(mpirun, plan.global_args, as_root)
     for index, ctx in enumerate(plan.contexts):
         argv += [":"] if index else []
-        argv += context_argv(ctx, environ)
+        argv += context_argv(ctx, environ, plan.secrets, secrets_dir)
     return argv
 
 

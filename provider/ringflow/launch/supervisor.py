@@ -41,6 +41,7 @@ from ringflow.launch.processes import (
     terminate_group,
 )
 from ringflow.launch.stdin import encode_secrets, parse_secrets, read_line
+from ringflow.secrets import hidden_parts, is_secret_name, url_passwords
 
 PROG = "python -m ringflow.launch.supervisor"
 MARKER_VAR = "RINGFLOW_SUPERVISED"  # in the environment of every process of the job
@@ -342,6 +343,16 @@ def read_envelope() -> tuple[dict[str, str], list[str]]:
     return parse_secrets(line), []
 
 
+def envelope_parts(name: str, value: str) -> list[str]:
+    """What of a secret variable's value output.log hides: all of it, and its URLs'
+    passwords; only those when it is a URL under a name that is not secret (`ringflow.secrets`:
+    the rest of the URL stays readable)."""
+    passwords = url_passwords(value)
+    if passwords and not is_secret_name(name):
+        return passwords
+    return hidden_parts(None, value)
+
+
 def run_main(ns: argparse.Namespace) -> int:
     command = ns.command[1:] if ns.command[:1] == ["--"] else ns.command
     if not command:
@@ -357,8 +368,9 @@ def run_main(ns: argparse.Namespace) -> int:
         env.update(values)
     elif ns.secrets == "stdin":
         stdin_line = encode_secrets(values)
+    hidden = [part for name, value in values.items() for part in envelope_parts(name, value)]
     supervisor = Supervisor(job_dir, command, env, stdin_line, ns.lease_timeout, ns.grace,
-                            [*values.values(), *masks])
+                            [*hidden, *masks])
     if ns.detach:
         return _detach(supervisor)
     lock = jobdir.hold_lock(job_dir)

@@ -54,8 +54,13 @@ def poprun_plan(args: PopRunArgs) -> MpirunPlan:
                             *args.instance_mpi_local_args.get(instance, ())),
                    env=instance_env(args, instance, vipu))
         for instance in range(args.num_instances))
+    # a bare `-x NAME` exports this environment's value: how the operator passes secrets
+    # (never on a command line); they reach the hosts over SSH, not through mpirun
+    bare = [item for flag, item in zip(args.mpi_local_args, args.mpi_local_args[1:])
+            if flag == "-x" and "=" not in item]
     return MpirunPlan(contexts, args.mpi_global_args,
-                      exported_values(args.mpi_local_args).get(JOB_ID_VAR))
+                      exported_values(args.mpi_local_args).get(JOB_ID_VAR),
+                      secrets=tuple(dict.fromkeys(bare)))
 
 
 def mpirun_argv(args: PopRunArgs, environ: Mapping[str, str], mpirun: str = "mpirun",

@@ -1,9 +1,15 @@
 """Which values are secret and how they are hidden: the one rule every operator uses.
 
-A value is secret when it is given as a secret (a `secret_env` value, a connection password)
-or when its variable's name says so: the name contains secret, password, token or key (any
-case), or Airflow's masker deems the name sensitive (passwd, authorization, private_key, ..., and
-`[core] sensitive_var_conn_names`). Importing this module imports nothing from Airflow.
+The rule itself is the runtime's (`ringflow.secrets`, read its docstring), so the supervisor
+on a host without Airflow applies the same one: a variable's name is secret when one of its
+words is key, pass, pwd, pat, dsn, auth or creds, or its letters hold secret, password,
+passwd, token, credential, privatekey, apikey, accesskey, passphrase or authorization
+(not KEYBOARD_LAYOUT, MONKEY, PASSTHROUGH, PWD); a URL's password (``user:password@``) is
+hidden in any value, the rest of the URL left readable. Here it gains only what Airflow's
+masker is configured to deem sensitive (asked through `airflow.sdk.log.redact`: its
+defaults and ``[core] sensitive_var_conn_names``). A value is also secret when it is given as one (a
+`secret_env` value, a connection password). Importing this module imports nothing from
+Airflow.
 """
 
 from __future__ import annotations
@@ -12,17 +18,22 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from ringflow.secrets import MIN_MASKED_LEN, hidden_parts, url_passwords
+from ringflow.secrets import is_secret_name as _runtime_rule
+
 MASK = "***"
-# As Airflow's masker ([logging] min_length_masked_secret): shorter values are not replaced
-# wherever they occur ("1" would turn every 1 into ***).
-MIN_MASKED_LEN = 5
-SECRET_NAME_PARTS = ("secret", "password", "token", "key")
+__all__ = ["MASK", "MIN_MASKED_LEN", "Secrets", "is_secret_name", "mask_text",
+           "secret_env_values", "split_env", "url_passwords"]
 
 
 def is_secret_name(name: str) -> bool:
     """Whether a variable called `name` holds a secret."""
-    lowered = str(name).lower()
-    return any(part in lowered for part in SECRET_NAME_PARTS) or _airflow_hides(name)
+    return _runtime_rule(name) or _airflow_hides(name)
+
+
+def is_hidden(name: str, value: Any) -> bool:
+    """Whether variable `name` must travel as a secret (never on a command line)."""
+    return is_secret_name(name) or bool(url_passwords(str(value)))
 
 
 def _airflow_hides(name: str) -> bool:
@@ -51,8 +62,23 @@ def secret_env_values(env: Any) -> list[str]:
             return []
     if not isinstance(env, Mapping):
         return []
-    values = {str(value) for name, value in env.items() if value and is_secret_name(name)}
+    values = {part for name, value in env.items() if value
+              for part in _parts(str(name), str(value))}
     return sorted(values, key=len, reverse=True)
+
+
+def _parts(name: str, value: str) -> list[str]:
+    """What of `name`'s value to hide: the runtime's rule, with Airflow's names."""
+    return hidden_parts(None if is_secret_name(name) else name, value)
+
+
+def split_env(env: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    """(plain, hidden): the variables of `env` whose values may sit on a command line, and
+    those under secret names or holding a URL's password, which travel as secrets do
+    (stdin, never a command line)."""
+    plain = {name: value for name, value in env.items() if not is_hidden(name, value)}
+    hidden = {name: value for name, value in env.items() if name not in plain}
+    return plain, hidden
 
 
 def mask_text(text: str, secrets: Iterable[str]) -> str:
@@ -81,8 +107,9 @@ class Secrets:
         self.add(*values)
 
     def add(self, *values: str | None) -> Secrets:
-        """Explicit secrets (a password, a `secret_env` value); empty ones are ignored."""
-        self._values.update(str(v) for v in values if v)
+        """Explicit secrets (a password, a `secret_env` value), each with the passwords of
+        the URLs it holds; empty ones are ignored."""
+        self._values.update(part for v in values if v for part in hidden_parts(None, str(v)))
         forms = {form for value in self._values if len(value) >= MIN_MASKED_LEN
                  for form in _forms(value)}
         self._forms = sorted(forms, key=len, reverse=True)

@@ -31,6 +31,7 @@ from ringflow_provider.exceptions import (
 )
 from ringflow_provider.hooks.multi_ssh import MultiHostSSHHook
 from ringflow_provider.jobs import Secrets
+from ringflow_provider.jobs.masking import split_env
 from ringflow_provider.launchers import get_launcher
 from ringflow_provider.launchers.base import Launcher
 from ringflow_provider.launchers.job import JobHandle, TaskKey
@@ -112,8 +113,9 @@ class TPTrainOperator(RingflowJobOperator):
     :param nproc_per_host: ranks on this host, default 2 (templated)
     :param log_dir: each rank's log ``workerlog.<rank>``, the spec and the plot; default
         ``~/.ringflow/runs/<dag_id>/<run_id>/<task_id>/try-<n>`` (templated)
-    :param extra_env: variables for every rank; values under secret-looking names (secret,
-        password, token, key, ...) are masked (templated)
+    :param extra_env: variables for every rank; those under secret-looking names (see
+        ``jobs.masking``: secret, password, token, key, ...) travel as ``secret_env`` does
+        and are masked (templated)
     :param secret_env: variables for every rank whose values are always secret: they reach
         the ranks over the launcher's stdin, never a command line, and are masked everywhere
         (templated)
@@ -284,13 +286,16 @@ class TPTrainOperator(RingflowJobOperator):
         token = token_source.token_hex(32)
         self._secrets = self._collect_secrets().add(token)
         self._secrets.register()
-        env = {**plan["extra"], "PYTHONUNBUFFERED": "1"}
+        # extra_env under secret names goes as secret_env does: on stdin, never on a command
+        # line (`ps` on a host); the rest as quoted exports
+        plain, hidden = split_env(plan["extra"])
+        env = {**plain, "PYTHONUNBUFFERED": "1"}
         parts = launcher.agent_parts(["-m", "ringflow.train", f"{log_dir}/spec.json"],
                                      nproc_per_host=nproc, log_dir=log_dir, base_port=port,
                                      env=env)
         return launcher.start(
             task, parts, job_id=uuid.uuid4().hex[:12], env=env,
-            secrets={"RINGFLOW_JOB_TOKEN": token, **plan["secret"]},
+            secrets={"RINGFLOW_JOB_TOKEN": token, **hidden, **plan["secret"]},
             masks=self._secrets.values,
             lease_timeout=self.lease_timeout, grace_s=_STOP_GRACE_S, log_dir=log_dir,
             checkpoint_dir=spec.checkpoint_dir, gathered=launcher.name == "mpirun",

@@ -16,7 +16,13 @@ from typing import Any
 from pydantic import ValidationError
 
 from ringflow.errors import ConfigError
-from ringflow_provider.jobs.masking import MASK, MIN_MASKED_LEN, mask_text, secret_env_values
+from ringflow_provider.jobs.masking import (
+    MASK,
+    MIN_MASKED_LEN,
+    Secrets,
+    mask_text,
+    secret_env_values,
+)
 from ringflow_provider.poprun.models import (
     FIELD_NAMES,
     RESERVED_ENV,
@@ -110,7 +116,9 @@ def launch_argv(config: PopRunConfig, secret: Iterable[str] = (),
     then secret_env's and `secret`'s at the end of --mpi-local-args), then `-x NAME=VALUE`
     for each `plain` variable. mpirun exports a bare `-x NAME` with the value of its own
     environment, which the launch script set from the SSH channel's stdin: so no secret
-    value is on poprun's (or any) command line."""
+    value is on poprun's (or any) command line. ringflow-poprun takes every bare `-x NAME`
+    for a secret and hands it to each host over SSH instead, never through Open MPI's own
+    clear TCP (`ringflow.launch.secret_drop`)."""
     hidden = [*(config.secret_env or {}), *secret]
     plain = dict(plain or {})
     taken = set(RESERVED_ENV) | set(config.extra_env or {}) | set(hidden)
@@ -134,9 +142,9 @@ def secret_values(config: PopRunConfig, extra: Iterable[str | None] = ()) -> lis
     secret_env value, plus `extra` (passwords, the job token). A value shorter than
     MIN_MASKED_LEN is not masked wherever it occurs (as in Airflow's masker); the argv sent
     (`launch_argv`) has no slot for any of them to show in."""
-    values = [*config.hidden_env().values(), *(v for v in extra if v)]
-    # Longest first, so a secret that contains another is masked whole.
-    return sorted({v for v in values if v}, key=len, reverse=True)
+    found = Secrets().add_env(config.extra_env or {})
+    found.add_env(config.secret_env or {}, all_secret=True).add(*extra)
+    return found.values  # longest first, so a secret that contains another is masked whole
 
 
 def mask_argv(argv: list[str], secrets: Iterable[str],

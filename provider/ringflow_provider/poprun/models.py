@@ -22,7 +22,7 @@ from pydantic import (
 
 from ringflow import naming
 from ringflow.errors import ConfigError
-from ringflow_provider.jobs.masking import is_secret_name
+from ringflow_provider.jobs.masking import is_hidden
 from ringflow_provider.rendered import json_text, none_text
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -96,7 +96,7 @@ def _check_env(env: dict[str, str]) -> dict[str, str]:
             )
         if name in RESERVED_ENV:
             raise ValueError(f"extra_env name {name!r} is set by the composition itself")
-        if is_secret_name(name):  # travels over stdin, a bare -x NAME on the command line
+        if is_hidden(name, value):  # travels over stdin, a bare -x NAME on the command line
             _check_stdin_value(value, f"extra_env {name}")
         else:
             check_mpi_value(value, name)
@@ -252,8 +252,10 @@ class PopRunConfig(BaseModel):
         return self
 
     def secret_env_names(self) -> list[str]:
-        """extra_env names whose values must never reach a log (jobs.masking's rule)."""
-        return [name for name in (self.extra_env or {}) if is_secret_name(name)]
+        """extra_env names whose values must never reach a log or a command line
+        (jobs.masking's rule: a secret name, or a URL's password in the value)."""
+        return [name for name, value in (self.extra_env or {}).items()
+                if is_hidden(name, value)]
 
     def hidden_env(self) -> dict[str, str]:
         """The variables whose values travel over stdin, never a command line: extra_env's

@@ -100,6 +100,22 @@ def test_a_secret_the_job_prints_is_masked_in_its_output_log(tmp_path):
     assert SECRET.encode() not in (job / jobdir.OUTPUT).read_bytes()
 
 
+def test_a_url_password_is_masked_and_the_rest_of_the_url_stays_readable(tmp_path):
+    """ringflow.secrets: a URL under a plain name hides its password only; under a secret
+    name (or in the mask list) all of it; a password the job prints alone is hidden too."""
+    url, dsn = "postgres://app:pw-Url-771@db:5432/prod", "mysql://u:pw-Dsn-882@h/x"
+    job = tmp_path / "job"
+    start(job, sys.executable, "-c", "import os; e = os.environ; print(e['DATABASE_URL']); "
+          "print(e['DB_DSN']); print('alone', 'pw-Url-771', 'pw-Dsn-882')",
+          options=("--secrets", "env"),
+          stdin=json.dumps({"ringflow:env": {"DATABASE_URL": url, "DB_DSN": dsn},
+                            "ringflow:mask": []}) + "\n")
+    code, out, _ = follow(job)
+    assert code == 0
+    assert out.decode().splitlines() == ["postgres://app:***@db:5432/prod", "***",
+                                         "alone *** ***"]
+
+
 def test_secrets_reach_the_command_and_no_file_or_command_line(tmp_path):
     job = tmp_path / "job"
     said = start(job, sys.executable, "-c", "import os, time; print('has', os.environ['SECRET']"
