@@ -322,20 +322,45 @@ def job_args(tmp_path, mark: str, **overrides) -> dict:
     return {**args, **overrides}
 
 
+def rank_process(pid: int) -> bool:
+    try:
+        return b"PADDLE_TRAINER_ID=" in Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return False
+
+
 def test_a_retry_attaches_to_the_job_its_killed_task_process_left_as_one_run(make, tmp_path):
     run_id = f"run-{uuid.uuid4().hex[:8]}"
     mark = uuid.uuid4().hex
-    killed_task_process(tmp_path, run_id, "step 5/", **job_args(tmp_path, mark, steps=600))
+    killed_task_process(tmp_path, run_id, "step 5/", **job_args(tmp_path, mark, steps=1000))
+    # the ranks paused (at once: a step takes about a millisecond) while try 2 attaches, so
+    # lines come after it did however fast they are
+    ranks = [pid for pid in marked(mark) if rank_process(pid)]
+    for pid in ranks:
+        os.kill(pid, signal.SIGSTOP)
+    assert len(ranks) == 2, f"the job did not outlive the task process of try 1: {ranks}"
     time.sleep(1.0)
     assert marked(mark), "the job did not outlive the task process of try 1"
-    retry = make(**job_args(tmp_path, mark, steps=600, log_dir=str(tmp_path / "logs2")))
+    retry = make(**job_args(tmp_path, mark, steps=1000, log_dir=str(tmp_path / "logs2")))
     retry.mark = mark
-    summary = retry.execute(ctx(try_number=2, run_id=run_id, max_tries=1))
+    result = {}
+    thread = threading.Thread(target=lambda: result.update(
+        summary=retry.execute(ctx(try_number=2, run_id=run_id, max_tries=1))))
+    thread.start()
+    try:
+        wait_until(lambda: any(m.startswith("try 2: attaching") for _, m in retry.log.records),
+                   60, "try 2 to attach")
+    finally:
+        for pid in ranks:
+            os.kill(pid, signal.SIGCONT)
+    thread.join(120)
+    assert not thread.is_alive() and "summary" in result, "try 2 did not end"
+    summary = result["summary"]
     attach = [m for _, m in retry.log.records if m.startswith("try 2: attaching")]
     assert len(attach) == 1 and re.fullmatch(
-        r"try 2: attaching to the running job of try 1 at step \d+/600", attach[0]), attach
-    assert [s for s, _ in summary["loss_history"]] == list(range(1, 601))  # one run
-    assert summary["resumed_from"] is None and summary["steps"] == 600
+        r"try 2: attaching to the running job of try 1 at step \d+/1000", attach[0]), attach
+    assert [s for s, _ in summary["loss_history"]] == list(range(1, 1001))  # one run
+    assert summary["resumed_from"] is None and summary["steps"] == 1000
     progress = [m for m in log_text(retry).splitlines() if m.startswith("step ")]
     assert progress and int(progress[0].split()[1].split("/")[0]) > 5  # new lines only
 
