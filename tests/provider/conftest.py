@@ -40,6 +40,18 @@ def wait_until(predicate, timeout: float, what: str, step: float = 0.05):
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
+def hosts_connection(monkeypatch, home: Path, hosts, conn_id: str) -> None:
+    """One ssh connection `conn_id` for every namespace host in `hosts` (the first host's,
+    its host replaced per host), their host keys in a known_hosts of a test HOME `home`."""
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".ssh" / "known_hosts").write_text(
+        "".join(f"{h.address} {h.host_key_line}\n" for h in hosts))
+    monkeypatch.setenv("HOME", str(home))
+    conn = hosts[0].connection()
+    conn["extra"].pop("host_key")
+    monkeypatch.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", json.dumps(conn))
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

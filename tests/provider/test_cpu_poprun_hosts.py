@@ -12,7 +12,6 @@ key, so the hosts' keys come from the worker's known_hosts, here a HOME made for
 
 from __future__ import annotations
 
-import json
 import re
 import subprocess
 import sys
@@ -24,7 +23,7 @@ import pytest
 from airflow.sdk.exceptions import AirflowException
 
 from ringflow_provider.operators.poprun import PopRunOperator
-from tests.provider.conftest import REPO, wait_until
+from tests.provider.conftest import REPO, hosts_connection, wait_until
 from tests.provider.contexts import TaskInstanceStub
 from tests.provider.deferral import execute_deferred
 from tests.provider.test_poprun_operator import RecordingLog
@@ -42,14 +41,7 @@ def two_hosts(ns_hosts, monkeypatch, tmp_path):
     """The first two namespace hosts behind one connection id, the script in each host's
     home; afterwards no process and no shm segment of the job on either host."""
     hosts = list(ns_hosts)[:2]
-    home = tmp_path / "worker-home"
-    (home / ".ssh").mkdir(parents=True)
-    (home / ".ssh" / "known_hosts").write_text(
-        "".join(f"{h.address} {h.host_key_line}\n" for h in hosts))
-    monkeypatch.setenv("HOME", str(home))
-    conn = hosts[0].connection()
-    conn["extra"].pop("host_key")
-    monkeypatch.setenv(f"AIRFLOW_CONN_{CONN_ID.upper()}", json.dumps(conn))
+    hosts_connection(monkeypatch, tmp_path / "worker-home", hosts, CONN_ID)
     for host in hosts:
         (host.home / Path(ON_HOST).name).write_text(SCRIPT.read_text())
     yield [h.address for h in hosts]

@@ -13,7 +13,6 @@ one thing about what was recorded."""
 
 from __future__ import annotations
 
-import json
 import os
 import secrets as token_source
 import threading
@@ -25,7 +24,7 @@ import pytest
 
 from ringflow_provider.operators.poprun import PopRunOperator
 from ringflow_provider.operators.tp_train import TPTrainOperator
-from tests.provider.conftest import REPO, wait_until
+from tests.provider.conftest import REPO, hosts_connection, wait_until
 from tests.provider.contexts import TaskInstanceStub
 from tests.provider.test_poprun_operator import RecordingLog
 from tests.secret_watch import Capture, ExecTrace, children, files_holding
@@ -173,14 +172,7 @@ def watched(request, ns_hosts, tmp_path_factory) -> Watched:
 def _poprun(mp, tmp: Path, hosts, args: dict) -> PopRunOperator:
     """PopRunOperator running ringflow-poprun (Open MPI) on the hosts, one connection for
     both (host keys from a known_hosts of the test's own HOME), the script in each home."""
-    home = tmp / "worker-home"
-    (home / ".ssh").mkdir(parents=True)
-    (home / ".ssh" / "known_hosts").write_text(
-        "".join(f"{h.address} {h.host_key_line}\n" for h in hosts))
-    mp.setenv("HOME", str(home))
-    conn = hosts[0].connection()
-    conn["extra"].pop("host_key")
-    mp.setenv("AIRFLOW_CONN_RINGFLOW_SEC_POPRUN", json.dumps(conn))
+    hosts_connection(mp, tmp / "worker-home", hosts, "ringflow_sec_poprun")
     for host in hosts:
         (host.home / SCRIPT.name).write_text(SCRIPT.read_text())
     return PopRunOperator(
