@@ -133,6 +133,21 @@ def task_process_of(run_id: str) -> int:
     raise AssertionError(f"no follower of run {run_id}'s job")
 
 
+def try_log(api, run_id: str, try_number: int) -> list[str]:
+    """The try's log, empty while the try has none yet."""
+    try:
+        return api.task_log(DAG, run_id, TASK, try_number)
+    except AssertionError:
+        return []
+
+
+def rank_process(pid: int) -> bool:
+    try:
+        return b"PADDLE_TRAINER_ID=" in Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return False
+
+
 def _ppid(pid: int) -> int:
     stat = Path(f"/proc/{pid}/stat").read_text()
     return int(stat[stat.rfind(")") + 2:].split()[1])
@@ -150,7 +165,31 @@ def test_a_retry_after_the_task_process_was_killed_attaches_or_restarts(airflow_
     run = trigger(api, steps=steps, log_every=10, on_existing=on_existing)
     api.wait_for_state(DAG, run, TASK, {"running"}, timeout=120)
     wait_until(lambda: len(steps_logged(api, run)) >= 13, 120, "training past step 120")
-    os.kill(task_process_of(run), signal.SIGKILL)
+    # the ranks paused while try 2 starts: a fast machine would otherwise finish the job
+    # before try 2 finds it (a stop continues paused ranks before it signals them)
+    ranks = [pid for pid in job_processes(run) if rank_process(pid)]
+    assert len(ranks) == 2, ranks
+    for pid in ranks:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        os.kill(task_process_of(run), signal.SIGKILL)
+        if on_existing == "reattach":
+            found = "try 2: attaching"
+            try:
+                wait_until(lambda: any(found in line for line in try_log(api, run, 2)), 180,
+                           f"try 2's log to say {found!r}", step=0.5)
+            except AssertionError as exc:
+                raise AssertionError(f"{exc}; try 2's log ends:\n" +
+                                     "\n".join(try_log(api, run, 2)[-30:])) from None
+        else:  # the job is tied to its watcher: it stops itself, paused ranks too
+            wait_until(lambda: not any(Path(f"/proc/{pid}").exists() for pid in ranks), 30,
+                       "try 1's job to stop with its task process", step=0.2)
+    finally:
+        for pid in ranks:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
     api.wait_for_run(DAG, run, timeout=240)
     ti = api.task_instance(DAG, run, TASK)
     assert ti["try_number"] == 2
