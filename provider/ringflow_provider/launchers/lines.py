@@ -17,7 +17,7 @@ from ringflow.train.metrics import parse_train_line
 METRIC, SUMMARY, RESULT = "metric", "summary", "result"
 STDERR_MARK = jobdir.STDERR_MARK.decode()
 _RANK_PREFIX = re.compile(r"^\[rank (\d+)\] ")
-_MPI_TAG = re.compile(r"^\[1,(\d+)\]<(stdout|stderr)>:(.*)$")
+_MPI_TAG = re.compile(r"^\[1,(\d+)\]<(stdout|stderr)>:(.*)\Z")
 
 
 @dataclass(frozen=True)
