@@ -88,7 +88,7 @@ def test_a_host_or_job_id_with_a_trailing_newline_is_refused(check):
 @pytest.mark.parametrize("rule, value", [
     (_MODULE, "pkg.mod"), (STDIN_ENV_NAME, "NAME"), (WATCHDOG_ENV_NAME, "NAME"),
     (_STEP_RE, "step-00000001"), (_BUILDER_RE, "pkg.mod:fn"),
-    (EXIT_LINE, "ringflow-poprun-exit 0 1.5"), (RANK_EXIT_LINE, "ringflow-exit-time 1.5"),
+    (EXIT_LINE, "ringflow-poprun-exit 0f1e 0 1.5"), (RANK_EXIT_LINE, "ringflow-exit-time 1.5"),
 ])
 def test_every_rule_takes_its_value_but_not_the_value_with_a_trailing_newline(rule, value):
     assert rule.match(value) and not rule.match(value + "\n")

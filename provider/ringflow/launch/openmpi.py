@@ -16,12 +16,12 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ringflow.launch.env import JOB_ID_VAR, JOB_TOKEN_VAR
-from ringflow.launch.lines import MAX_LINE_BYTES, BoundedLines
+from ringflow.launch.lines import MAX_LINE_BYTES, Line, LinePieces
 from ringflow.launch.secret_drop import SECRETS_DIR_VAR
 
-__all__ = ["EXIT_LINE", "INSTANCE_SH", "RANK_EXIT_LINE", "AppContext", "MpirunPlan",
-           "OutputJoiner", "base_argv", "context_argv", "exported_names", "exported_values",
-           "mpirun_argv", "one_per_host_argv"]
+__all__ = ["EXIT_LINE", "EXIT_NONCE_VAR", "INSTANCE_SH", "RANK_EXIT_LINE", "AppContext",
+           "MpirunPlan", "OutputJoiner", "base_argv", "context_argv", "exported_names",
+           "exported_values", "mpirun_argv", "one_per_host_argv"]
 
 # Exported from the job's own environment to every process, as poprun does, when set; the
 # job's id too (a bare `-x NAME`: mpirun exports its own value). The job's token and the
@@ -44,9 +44,14 @@ SECRETS_SH = ('if [ -n "$RINGFLOW_SECRETS_DIR" ]; then '
               'f="$RINGFLOW_SECRETS_DIR/$OMPI_COMM_WORLD_RANK"; '
               'if [ ! -r "$f" ]; then echo "ringflow: no secrets file $f on $(hostname)" >&2; '
               'exit 97; fi; . "$f"; rm -f "$f"; unset f; fi; unset RINGFLOW_SECRETS_DIR; ')
-INSTANCE_SH = (SECRETS_SH + '"$@"; code=$?; printf "%s %s %s\\n" ' + EXIT_MARK +
-               ' "$code" "$(date +%s.%N)" >&2; exit "$code"')
-EXIT_LINE = re.compile(rf"^{EXIT_MARK} (\d+) (\d+(?:\.\d+)?)\Z")
+# The report carries the job's exit nonce (delivered with the secrets, taken out of the
+# environment before the program starts): a program printing a report line of its own cannot
+# know it, so cannot name its exit code or time.
+EXIT_NONCE_VAR = "RINGFLOW_EXIT_NONCE"
+INSTANCE_SH = (SECRETS_SH + f'n="${{{EXIT_NONCE_VAR}:-}}"; unset {EXIT_NONCE_VAR}; '
+               '"$@"; code=$?; printf "%s %s %s %s\\n" ' + EXIT_MARK +
+               ' "$n" "$code" "$(date +%s.%N)" >&2; exit "$code"')
+EXIT_LINE = re.compile(rf"^{EXIT_MARK} (\S+) (\d+) (\d+(?:\.\d+)?)\Z")
 # A ringflow worker's own line, printed as it begins to exit, before its rings close (so
 # before any peer can fail because of it): with RINGFLOW_REPORT_EXIT_TIME=1 in its env.
 RANK_EXIT_LINE = re.compile(r"^ringflow-exit-time (\d+(?:\.\d+)?)( after-peer-failure)?\Z")
@@ -187,6 +192,24 @@ _TAG_START = re.compile(rb"\[\d*(?:,\d*(?:\](?:<\w*>?)?)?)?\Z")
 _TAG_MAX = 64
 
 
+class _ProcessLines(LinePieces):
+    """The lines of one process (or of mpirun itself) in mpirun's stream. A line is
+    `tainted` (no whole line, whatever its ending) when a fragment of it came after a tag in
+    the middle of another process's text: that is where a process would have to print a
+    tag itself to speak as another."""
+
+    def __init__(self, emit: Callable[[Line], None], max_line: int) -> None:
+        super().__init__(max_line)
+        self._emit_line = emit
+        self.tainted = False
+
+    def piece(self, data: bytes, ending: bytes, start: bool) -> None:
+        whole = self.is_whole(ending, start) and not self.tainted
+        if ending:
+            self.tainted = False
+        self._emit_line(Line(data.decode("utf-8", "replace"), whole))
+
+
 class OutputJoiner:
     """Whole lines out of one of mpirun's streams, in bounded memory.
 
@@ -194,19 +217,25 @@ class OutputJoiner:
     a line written in two pieces arrives as two tagged fragments, with other processes'
     lines possibly between them. So text after a tag, up to the next tag or mpirun's next
     `\\n`, is that process's; text before a line's first tag is mpirun's own. Each one's
-    text goes through its own `BoundedLines`: a line ends at `\\n`, `\\r\\n` or a lone `\\r`,
-    and one longer than `max_line` is passed on in pieces. `emit(index or None, line)` gets
-    each line (without its ending), decoded.
+    text goes through its own `LinePieces` (`ringflow.launch.lines`: a line ends at `\\n`,
+    `\\r\\n` or a lone `\\r`, one longer than `max_line` comes in pieces). `emit(index or
+    None, line)` gets each line as a `Line`, decoded, without its ending.
+
+    A tag can also be text a process printed; Open MPI does not escape it. So a tag in the
+    middle of mpirun's line that names another process than the one whose text runs there
+    makes the line it continues no whole line (`Line.whole` false): a process cannot put a
+    machine line in another's mouth. A real line of that process loses its wholeness only
+    when it was itself written in pieces while another process left half a line.
     """
 
     def __init__(self, emit: Callable[[int | None, str], None],
                  max_line: int = MAX_LINE_BYTES) -> None:
         self._emit = emit
         self._max = max_line
-        self._lines: dict[int | None, BoundedLines] = {}
+        self._lines: dict[int | None, _ProcessLines] = {}
         self._owner: int | None = None  # whose text mpirun's stream carries now
         self._held = b""  # the start of a tag that the end of a read cut off
-        self._open = False  # bytes came since mpirun's last `\n`
+        self._open = False  # bytes came since mpirun's last `\\n`
 
     def feed(self, data: bytes) -> None:
         data = self._held + data
@@ -231,6 +260,11 @@ class OutputJoiner:
         for owner in sorted(index for index in self._lines if index is not None):
             self._lines[owner].flush()
 
+    @property
+    def held_bytes(self) -> int:
+        """Bytes held for lines not yet ended (what bounds the joiner's memory)."""
+        return len(self._held) + sum(lines.pending_bytes for lines in self._lines.values())
+
     @staticmethod
     def _hold_from(data: bytes) -> int:
         start = data.rfind(b"[", max(0, len(data) - _TAG_MAX))
@@ -242,6 +276,8 @@ class OutputJoiner:
             self._of(self._owner).feed(text)
 
     def _tag(self, index: int) -> None:
+        if self._open and self._owner != index:
+            self._of(index).tainted = True
         self._open = True
         if self._owner is None:  # mpirun's text before the tag is a line of its own
             self._of(None).flush()
@@ -251,10 +287,10 @@ class OutputJoiner:
         self._of(self._owner).feed(b"\n")
         self._owner, self._open = None, False
 
-    def _of(self, owner: int | None) -> BoundedLines:
+    def _of(self, owner: int | None) -> _ProcessLines:
         lines = self._lines.get(owner)
         if lines is None:
-            def emit(raw: bytes) -> None:
-                self._emit(owner, raw.decode("utf-8", "replace"))
-            lines = self._lines[owner] = BoundedLines(emit, self._max)
+            def emit(line: Line) -> None:
+                self._emit(owner, line)
+            lines = self._lines[owner] = _ProcessLines(emit, self._max)
         return lines
