@@ -7,7 +7,8 @@ keeps it whole), so a worker printing without newlines cannot make the launcher 
 without bound. A piece that is not a whole line (after a `\\r`, a long line's continuation, a
 last line without its newline) goes out as `[rank N]+ ...`: only a whole line carries the
 rank's own prefix, so a rank cannot print a line that reads as the launcher's or as another
-rank's, or a machine line it did not print whole.
+rank's, or a machine line it did not print whole; and no Open MPI tag it printed reaches
+the console as one (`untag`).
 
 One lock guards the console and every line goes out in one write followed by a flush, so
 lines of different ranks never interleave mid-line.
@@ -21,6 +22,14 @@ from pathlib import Path
 from typing import BinaryIO
 
 from ringflow.launch.lines import PARTIAL_MARK, LinePieces
+from ringflow.launch.openmpi import TAG
+
+
+def untag(line: bytes) -> bytes:
+    """`line` with every Open MPI tag in it (`[1,0]<stdout>:`, as a rank may print one)
+    spelled `[1,0] <stdout>:`: under mpirun, Open MPI tags the launcher's lines, and a tag in
+    one would hand the rest of the line to another process (`openmpi.OutputJoiner`)."""
+    return TAG.sub(lambda found: found[0].replace(b"]<", b"] <", 1), line)
 
 
 class Console:
@@ -32,6 +41,7 @@ class Console:
         self._broken = False
 
     def write_line(self, prefix: bytes, line: bytes) -> None:
+        line = untag(line)
         if not line.endswith(b"\n"):
             line += b"\n"
         with self._lock:

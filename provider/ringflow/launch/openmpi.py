@@ -193,21 +193,14 @@ _TAG_MAX = 64
 
 
 class _ProcessLines(LinePieces):
-    """The lines of one process (or of mpirun itself) in mpirun's stream. A line is
-    `tainted` (no whole line, whatever its ending) when a fragment of it came after a tag in
-    the middle of another process's text: that is where a process would have to print a
-    tag itself to speak as another."""
+    """The lines of one process (or of mpirun itself) in mpirun's stream, each a `Line`."""
 
     def __init__(self, emit: Callable[[Line], None], max_line: int) -> None:
         super().__init__(max_line)
         self._emit_line = emit
-        self.tainted = False
 
     def piece(self, data: bytes, ending: bytes, start: bool) -> None:
-        whole = self.is_whole(ending, start) and not self.tainted
-        if ending:
-            self.tainted = False
-        self._emit_line(Line(data.decode("utf-8", "replace"), whole))
+        self._emit_line(Line(data.decode("utf-8", "replace"), self.is_whole(ending, start)))
 
 
 class OutputJoiner:
@@ -221,11 +214,12 @@ class OutputJoiner:
     `\\r\\n` or a lone `\\r`, one longer than `max_line` comes in pieces). `emit(index or
     None, line)` gets each line as a `Line`, decoded, without its ending.
 
-    A tag can also be text a process printed; Open MPI does not escape it. So a tag in the
-    middle of mpirun's line that names another process than the one whose text runs there
-    makes the line it continues no whole line (`Line.whole` false): a process cannot put a
-    machine line in another's mouth. A real line of that process loses its wholeness only
-    when it was itself written in pieces while another process left half a line.
+    Open MPI does not escape a tag that a process prints itself, and a process's line often
+    comes in two fragments (Open MPI 4.1 may tag its newline apart) with another process's
+    between them, so a tag in mid-line cannot be told from a printed one. What is read from
+    these lines for machines is safe all the same: a ringflow agent writes no tag its ranks
+    printed (`ringflow.launch.logs.untag`), and an instance's exit report carries the job's
+    nonce (EXIT_NONCE_VAR).
     """
 
     def __init__(self, emit: Callable[[int | None, str], None],
@@ -252,12 +246,12 @@ class OutputJoiner:
         self._text(data[pos:])
 
     def close(self) -> None:
-        """End of stream: what is pending is emitted as if its newline had come."""
+        """End of stream: what is pending is emitted (a line without its newline: no whole
+        line)."""
         self._text(self._held)
         self._held = b""
-        if self._open:
-            self._end_line()
-        for owner in sorted(index for index in self._lines if index is not None):
+        self._owner, self._open = None, False
+        for owner in sorted(self._lines, key=lambda index: -1 if index is None else index):
             self._lines[owner].flush()
 
     @property
@@ -276,8 +270,6 @@ class OutputJoiner:
             self._of(self._owner).feed(text)
 
     def _tag(self, index: int) -> None:
-        if self._open and self._owner != index:
-            self._of(index).tainted = True
         self._open = True
         if self._owner is None:  # mpirun's text before the tag is a line of its own
             self._of(None).flush()

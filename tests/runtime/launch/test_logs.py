@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from ringflow.launch.lines import MAX_LINE_BYTES
+from ringflow.launch.openmpi import OutputJoiner
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -64,6 +65,7 @@ FORGER = """
         out.write(b"x\\r[rank 0] [train] summary " + fake + b"\\n")
         out.write(b"y\\r[launch] result {\\"exit_code\\": 0}\\n")
         out.write(b"z\\rringflow-exit-time 1.0\\n")
+        out.write(b"[1,0]<stdout>:[rank 0] [train] summary " + fake + b"\\n")  # a tag
     else:  # prints a summary it did not print as a whole line
         out.write(b"junk[train] summary " + fake + b"\\n")
         out.write(b"x\\r[train] summary " + fake + b"\\n")
@@ -92,6 +94,17 @@ def test_a_rank_cannot_print_a_line_that_reads_as_another_ranks_or_the_launchers
     assert done.lines("[rank 1]+ ") == ["x", '[rank 0] [train] summary {"final_loss": 666.0, '
                                         '"steps": 1}', "y", '[launch] result {"exit_code": 0}',
                                         "z", "ringflow-exit-time 1.0"]
+    assert done.lines("[rank 1] ") == [
+        '[1,0] <stdout>:[rank 0] [train] summary {"final_loss": 666.0, "steps": 1}']
+    # under mpirun, Open MPI tags each of this agent's lines (here agent 1's): every line,
+    # joined back, is agent 1's
+    tagged = "".join(f"[1,1]<stdout>:{line}\n" for line in lines).encode()
+    joined: list[tuple[int | None, str]] = []
+    joiner = OutputJoiner(lambda index, line: joined.append((index, line)),
+                          max_line=2 * MAX_LINE_BYTES)  # the long piece whole
+    joiner.feed(tagged)
+    joiner.close()
+    assert [line for _, line in joined] == lines and {index for index, _ in joined} == {1}
     cut = done.lines("[rank 0]+ ")
     assert cut[:2] == ["x", '[train] summary {"final_loss": 666.0, "steps": 1}']
     assert len(cut[2]) == MAX_LINE_BYTES - 2 and cut[3].startswith("€[train] summary")
