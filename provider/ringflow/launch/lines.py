@@ -53,10 +53,13 @@ class Line(str):
 
     whole: bool
 
-    def __new__(cls, text: str, whole: bool) -> Line:
+    def __new__(cls, text: str, whole: bool = False) -> Line:
         line = super().__new__(cls, text)
         line.whole = whole
         return line
+
+    def __reduce__(self) -> tuple[type[Line], tuple[str, bool]]:  # pickles and copies whole
+        return Line, (str(self), self.whole)
 
 
 class LinePieces:

@@ -7,8 +7,10 @@ read, not as time."""
 
 from __future__ import annotations
 
+import copy
 import io
 import os
+import pickle
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -16,7 +18,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from ringflow.launch.jobdir import OutputWriter
-from ringflow.launch.lines import MAX_LINE_BYTES, LineSplitter
+from ringflow.launch.lines import MAX_LINE_BYTES, Line, LineSplitter
 from ringflow.launch.logs import Console, LogPump
 from ringflow.launch.openmpi import OutputJoiner
 
@@ -116,3 +118,38 @@ def test_carriage_return_redraws_are_a_line_each_and_hold_one_redraw(tmp_path):
     assert readers.lines == {"joiner": REDRAWS, "splitter": REDRAWS}
     peak, console = pump_peak(PROGRESS, tmp_path)
     assert peak <= redraw and console.count(b"\n") == REDRAWS
+
+
+# the rule itself ---------------------------------------------------------------------------
+def pieces_of(reads: list[bytes], max_line: int = MAX_LINE_BYTES) -> list[tuple[str, bool]]:
+    out: list[tuple[str, bool]] = []
+    splitter = LineSplitter("stdout", lambda _stream, line: out.append((line, line.whole)),
+                            max_line=max_line)
+    for data in reads:
+        splitter.feed(data)
+    splitter.flush()
+    return out
+
+
+def test_a_piece_is_whole_when_it_began_a_line_and_ended_with_a_newline_uncut():
+    data = b"a\nb\rc\nd\n\nlong-line\nend"
+    expected = [("a", True), ("b", False), ("c", False), ("d", True), ("", True),
+                ("long", False), ("-lin", False), ("e", False), ("end", False)]
+    for size in (1, 2, 3, len(data)):
+        reads = [data[i:i + size] for i in range(0, len(data), size)]
+        assert pieces_of(reads, max_line=4) == expected, f"read size {size}"
+    assert pieces_of([b"a\r\nb\rc\r\nd\r\n"]) == [("a", True), ("b", False), ("c", False),
+                                                 ("d", True)]
+
+
+def test_a_crlf_cut_between_two_reads_ends_one_line_and_starts_the_next_one_whole():
+    # the \r ends the line at once (a progress bar's redraw is shown as it comes), so that
+    # line is no whole one; the \n that completes it is no line of its own
+    assert pieces_of([b"a\r", b"\nb\n"]) == [("a", False), ("b", True)]
+
+
+def test_a_line_keeps_its_wholeness_through_pickle_and_copy():
+    line = pieces_of([b"x\n"])[0][0]
+    assert isinstance(line, Line)
+    assert pickle.loads(pickle.dumps(line)).whole and copy.deepcopy(line).whole
+    assert not pickle.loads(pickle.dumps(Line("y", False))).whole
