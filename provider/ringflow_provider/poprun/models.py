@@ -23,6 +23,7 @@ from pydantic import (
 from ringflow import naming
 from ringflow.errors import ConfigError
 from ringflow_provider.jobs.masking import is_hidden
+from ringflow_provider.jobs.unsafe import check_env, check_mpirun_args
 from ringflow_provider.rendered import json_text, none_text
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -43,6 +44,17 @@ RESERVED_ENV = frozenset(
         "PADDLE_RANK_IN_NODE",
     }
 )
+# poprun flags the composition emits itself (`compose.build_poprun_argv`; -H is --host's
+# short form): extra_poprun_args may not give them again, since poprun keeps the last.
+OWNED_FLAGS = frozenset({
+    "--num-instances", "--num-replicas", "--ipus-per-replica", "--host", "-H",
+    "--vipu-partition", "--vipu-server-host", "--update-partition", "--vipu-server-timeout",
+    "--print-topology", "--numa-aware", "--mpi-global-args", "--mpi-local-args",
+    "--instance-mpi-local-args",
+})
+#: arguments that only the DAG author decides: never templated (a trigger's params cannot
+#: turn them on), never offered by a form
+ALLOW_FIELDS = ("allow_unsafe_mpi_args", "allow_unsafe_env")
 
 
 def _parse_hosts(value: Any) -> Any:
@@ -124,6 +136,7 @@ def _check_secret_env(env: dict[str, str]) -> dict[str, str]:
 
 
 def _check_flags(flags: list[str]) -> list[str]:
+    seen: set[str] = set()
     for flag in flags:
         if not flag.startswith("-"):
             raise ValueError(
@@ -132,6 +145,16 @@ def _check_flags(flags: list[str]) -> list[str]:
             )
         if _CONTROL.search(flag):
             raise ValueError(f"extra_poprun_args item {flag!r} holds a control character")
+        name = flag.partition("=")[0]
+        if name in OWNED_FLAGS:
+            raise ValueError(
+                f"extra_poprun_args item {flag!r}: {name} is composed from the operator's "
+                f"own arguments (hosts, nproc_per_host, num_ipus, mpi_global_args, "
+                f"extra_env, ...); set those instead")
+        if name in seen and name != "--":
+            raise ValueError(f"extra_poprun_args gives {name} more than once (poprun would "
+                             f"keep only the last)")
+        seen.add(name)
     return flags
 
 
@@ -223,6 +246,8 @@ class PopRunConfig(BaseModel):
     extra_env: Env = None
     secret_env: SecretEnv = None
     poprun: Program = "poprun"
+    allow_unsafe_mpi_args: bool = False
+    allow_unsafe_env: bool = False
 
     @property
     def num_instances(self) -> int:
@@ -249,6 +274,18 @@ class PopRunConfig(BaseModel):
         clash = sorted(set(self.extra_env or {}) & set(self.secret_env or {}))
         if clash:
             raise ValueError(f"{', '.join(clash)} in both extra_env and secret_env")
+        last = self.endpoint_port + self.nproc_per_host - 1
+        if last > 65535:
+            raise ValueError(
+                f"endpoint_port: {self.endpoint_port} with nproc_per_host="
+                f"{self.nproc_per_host} gives the instances ports {self.endpoint_port}.."
+                f"{last}, beyond 65535")
+        check_env(self.extra_env, "extra_env", self.allow_unsafe_env)
+        check_env(self.secret_env, "secret_env", self.allow_unsafe_env)
+        check_mpirun_args(self.mpi_global_args or [], "mpi_global_args",
+                          self.allow_unsafe_mpi_args)
+        check_mpirun_args(self.extra_poprun_args or [], "extra_poprun_args",
+                          self.allow_unsafe_mpi_args)
         return self
 
     def secret_env_names(self) -> list[str]:
@@ -270,7 +307,9 @@ class PopRunConfig(BaseModel):
         return {k: v for k, v in (self.extra_env or {}).items() if k not in hidden}
 
 
-FIELD_NAMES: tuple[str, ...] = tuple(PopRunConfig.model_fields)
+#: the fields PopRunOperator templates: all but ALLOW_FIELDS
+FIELD_NAMES: tuple[str, ...] = tuple(n for n in PopRunConfig.model_fields
+                                     if n not in ALLOW_FIELDS)
 _FIELD_ADAPTERS: dict[str, TypeAdapter] = {}
 
 
