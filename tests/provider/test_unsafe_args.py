@@ -6,8 +6,11 @@ the switch that allows it; and ports past 65535 refused at the operator."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from airflow.sdk import BaseOperator
+from pydantic import ValidationError
 
 from ringflow.errors import ConfigError
 from ringflow_provider.exceptions import RingflowConfigException
@@ -19,9 +22,10 @@ from ringflow_provider.jobs.unsafe import (
     unsafe_mpirun_options,
 )
 from ringflow_provider.operators.poprun import PopRunOperator
-from ringflow_provider.poprun import build_poprun_argv, parse_config
+from ringflow_provider.poprun import PopRunConfig, build_poprun_argv, parse_config
 from ringflow_provider.poprun.models import ALLOW_FIELDS, FIELD_NAMES, OWNED_FLAGS
 from ringflow_provider.tp_train import form
+from ringflow_provider.tp_train.args import base_port as tp_base_port
 
 BASE = dict(hosts="n1,n2", nproc_per_host=2, ipus_per_replica=1, num_ipus=4,
             ipu_partition="p", vipu_server="s", training_script="t.py")
@@ -150,6 +154,22 @@ def test_poprun_takes_the_unsafe_ones_when_the_author_allows_them():
 
 def test_the_highest_endpoint_port_that_fits_is_taken():
     assert parse_config({**BASE, "endpoint_port": 65534}).endpoint_port == 65534
+
+
+def test_an_endpoint_port_past_65535_is_a_field_error_of_endpoint_port():
+    with pytest.raises(ValidationError) as err:
+        PopRunConfig.model_validate({**BASE, "endpoint_port": 65535})
+    assert [e["loc"] for e in err.value.errors()] == [("endpoint_port",)]
+    with pytest.raises(RingflowConfigException, match=re.escape(
+            "endpoint_port: 65535 with nproc_per_host=2 gives the instances ports 65535..65536")):
+        PopRunOperator(task_id="p", **{**BASE, "endpoint_port": 65535})
+
+
+def test_a_tp_train_base_port_past_65535_is_refused_naming_base_port():
+    assert tp_base_port("65534", 2) == 65534
+    with pytest.raises(ValueError, match=re.escape("base_port 65535: the ranks' "
+                                                       "ports 65535..65536")):
+        tp_base_port(65535, 2)
 
 
 def test_owned_flags_are_every_flag_the_composition_emits():

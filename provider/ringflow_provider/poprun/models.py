@@ -17,6 +17,8 @@ from pydantic import (
     ConfigDict,
     Field,
     TypeAdapter,
+    ValidationInfo,
+    field_validator,
     model_validator,
 )
 
@@ -257,6 +259,16 @@ class PopRunConfig(BaseModel):
     def num_replicas(self) -> int:
         return self.num_ipus // self.ipus_per_replica
 
+    @field_validator("endpoint_port")
+    @classmethod
+    def _ports_fit(cls, port: int, info: ValidationInfo) -> int:
+        """Instance i of a host listens on endpoint_port + i: the last must be a port."""
+        nproc = info.data.get("nproc_per_host")  # absent when it failed its own checks
+        if nproc is not None and port + nproc - 1 > 65535:
+            raise ValueError(f"{port} with nproc_per_host={nproc} gives the instances ports "
+                             f"{port}..{port + nproc - 1}, beyond 65535")
+        return port
+
     @model_validator(mode="after")
     def _divisible(self) -> PopRunConfig:
         if self.num_ipus % self.ipus_per_replica:
@@ -274,12 +286,6 @@ class PopRunConfig(BaseModel):
         clash = sorted(set(self.extra_env or {}) & set(self.secret_env or {}))
         if clash:
             raise ValueError(f"{', '.join(clash)} in both extra_env and secret_env")
-        last = self.endpoint_port + self.nproc_per_host - 1
-        if last > 65535:
-            raise ValueError(
-                f"endpoint_port: {self.endpoint_port} with nproc_per_host="
-                f"{self.nproc_per_host} gives the instances ports {self.endpoint_port}.."
-                f"{last}, beyond 65535")
         check_env(self.extra_env, "extra_env", self.allow_unsafe_env)
         check_env(self.secret_env, "secret_env", self.allow_unsafe_env)
         check_mpirun_args(self.mpi_global_args or [], "mpi_global_args",
