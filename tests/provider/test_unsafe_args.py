@@ -195,6 +195,21 @@ def test_poprun_operator_refuses_at_parse_time_and_the_switches_are_not_template
         PopRunOperator(task_id="p", allow_unsafe_env="{{ params.x }}", **BASE)
 
 
+def test_a_rendered_unsafe_argument_fails_the_task_without_retry():
+    """A trigger's params reach a templated field: refused when the task runs (dry run: no
+    SSH)."""
+    op = PopRunOperator(task_id="p", dry_run=True, mpi_global_args="{{ params.mpi }}", **BASE)
+    op.render_template_fields({"params": {"mpi": '["--mca", "plm_rsh_agent", "/tmp/x"]'}})
+    with pytest.raises(RingflowConfigException) as err:
+        op.execute({})
+    assert str(err.value).startswith("invalid PopRun configuration: mpi_global_args: '--mca "
+                                     "plm_rsh_agent': mpirun options that run commands")
+    op = PopRunOperator(task_id="p", dry_run=True, mpi_global_args="{{ params.mpi }}",
+                        allow_unsafe_mpi_args=True, **BASE)
+    op.render_template_fields({"params": {"mpi": '["--mca", "plm_rsh_agent", "/tmp/x"]'}})
+    assert "--mpi-global-args=--mca plm_rsh_agent /tmp/x" in op.execute({})["argv"]
+
+
 # TPTrainOperator ---------------------------------------------------------------------------
 def test_tp_train_form_cannot_offer_the_switches():
     for name in ("allow_unsafe_env",):
