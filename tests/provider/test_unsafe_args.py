@@ -222,3 +222,7 @@ def test_tp_train_switch_is_not_templated():
 
     assert "allow_unsafe_env" not in TPTrainOperator.template_fields
     assert issubclass(TPTrainOperator, BaseOperator)
+    assert TPTrainOperator(task_id="t", allow_unsafe_env=True).allow_unsafe_env is True
+    with pytest.raises(RingflowConfigException, match="allow_unsafe_env: expected True or "
+                       "False"):
+        TPTrainOperator(task_id="t", allow_unsafe_env="{{ params.unsafe }}")
