@@ -1,7 +1,7 @@
 """What a job's arguments may not carry unless the DAG author allows it: environment
 variables that load code into every rank (`check_env`, both operators' ``extra_env`` and
 ``secret_env``; ``allow_unsafe_env``) and Open MPI 4 mpirun options that run commands, read
-command or host files, or write files (`unsafe_mpirun_options`, PopRun's mpirun arguments;
+option or host files, or write files (`unsafe_mpirun_options`, PopRun's mpirun arguments;
 ``allow_unsafe_mpi_args``).
 """
 
