@@ -32,6 +32,7 @@ from ringflow_provider.exceptions import (
 from ringflow_provider.hooks.multi_ssh import MultiHostSSHHook
 from ringflow_provider.jobs import Secrets
 from ringflow_provider.jobs.masking import split_env
+from ringflow_provider.jobs.unsafe import check_env
 from ringflow_provider.launchers import get_launcher
 from ringflow_provider.launchers.base import Launcher
 from ringflow_provider.launchers.job import JobHandle, TaskKey
@@ -115,10 +116,15 @@ class TPTrainOperator(RingflowJobOperator):
         ``~/.ringflow/runs/<dag_id>/<run_id>/<task_id>/try-<n>`` (templated)
     :param extra_env: variables for every rank; those under secret-looking names (see
         ``jobs.masking``: secret, password, token, key, ...) travel as ``secret_env`` does
-        and are masked (templated)
+        and are masked. Variables that load code into every rank (``LD_*``, ``PYTHON*``,
+        ``BASH_ENV``, ``ENV``, ``PATH``, ``OMPI_MCA_*`` of an agent or output parameter,
+        ...) are refused unless ``allow_unsafe_env`` (templated)
     :param secret_env: variables for every rank whose values are always secret: they reach
-        the ranks over the launcher's stdin, never a command line, and are masked everywhere
-        (templated)
+        the ranks over the launcher's stdin, never a command line, and are masked everywhere;
+        the names extra_env refuses are refused here too (templated)
+    :param allow_unsafe_env: take the variables extra_env and secret_env refuse by default;
+        default False. Not templated and not offered by a trigger form
+        (``tp_train.form``): only the DAG's author decides
 
     On several hosts (``hosts`` set; each host needs only python3 and numpy):
 
@@ -172,8 +178,14 @@ class TPTrainOperator(RingflowJobOperator):
                  secret_env: dict | str | None = None, hosts: list[str] | str | None = None,
                  ssh_conn_id: str | dict = MultiHostSSHHook.default_conn_name,
                  python: str = "python3", launcher: str = "ssh",
-                 base_port: int | str | None = None, **kwargs: Any) -> None:
+                 base_port: int | str | None = None, allow_unsafe_env: bool = False,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        if not isinstance(allow_unsafe_env, bool):  # a template must not switch it on
+            raise RingflowConfigException(f"task {self.task_id!r}: allow_unsafe_env: expected "
+                                          f"True or False (not templated), got "
+                                          f"{allow_unsafe_env!r}")
+        self.allow_unsafe_env = allow_unsafe_env
         self.model, self.model_args, self.data = model, model_args or {}, data
         self.optimizer = optimizer if optimizer is not None else {"type": "adam",
                                                                    "learning_rate": 1e-3}
@@ -241,6 +253,8 @@ class TPTrainOperator(RingflowJobOperator):
                     "extra": env_dict(self.extra_env, "extra_env"),
                     "secret": env_dict(self.secret_env, "secret_env"), "launcher": "local",
                     "conns": {}, "python": "python3", "base_port": None}
+            check_env(plan["extra"], "extra_env", self.allow_unsafe_env)
+            check_env(plan["secret"], "secret_env", self.allow_unsafe_env)
             if hosts:
                 plan.update(conns=connections(self.ssh_conn_id, hosts),
                             log_dir=(self.log_dir or REMOTE_LOG_DIR).format(**ids),
