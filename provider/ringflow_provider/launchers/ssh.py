@@ -38,6 +38,13 @@ class SSHLauncher(Launcher):
             self._hooks[conn_id] = MultiHostSSHHook(conn_id, self.conn_timeout)
         return self._hooks[conn_id]
 
+    def check_allowed(self) -> None:
+        """Every host of the job (also those that mpirun or poprun reach from the first)
+        against the ``allowed_hosts`` of its connection, before any is connected."""
+        for conn_id in dict.fromkeys(self.conns[h] for h in self.hosts):
+            hosts = [h for h in self.hosts if self.conns[h] == conn_id]
+            self.hook(hosts[0]).check_allowed(hosts)
+
     def make_shell(self, host: str) -> Shell:
         return SSHShell(host, self.hook(host))
 
