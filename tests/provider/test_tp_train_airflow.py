@@ -200,6 +200,30 @@ def test_a_dag_run_returns_the_summary_and_emits_the_asset_event(airflow_home, m
     assert f"asset event ringflow://ringflow_tp_train/train {events[0][1]}" in shown.stdout
 
 
+@pytest.mark.slow
+def test_a_debug_run_publishes_no_asset_event_and_a_dag_run_still_does(
+        airflow_home, airflow_services, mark):
+    """`airflow tasks test` must not trigger the DAGs scheduled on the model's Asset
+    (ringflow_tp_train_evaluate); the events are read through the REST API."""
+    conf = {"model": "mlp", "steps": 4, "log_every": 2, "tensor_parallel_degree": 1,
+            "nproc_per_host": 1}
+    debug = airflow("tasks", "test", DAG_ID, "train", "-t", json.dumps(conf), mark=mark)
+    log = debug.stdout + debug.stderr
+    assert task_states(log) == ["success"], log[-4000:]
+    assert ("no event on the Asset ringflow://ringflow_tp_train/train: this is a debug run "
+            "(airflow tasks test), which does not trigger the DAGs scheduled on it") in log
+    real = airflow("dags", "test", DAG_ID, "-c", json.dumps(conf), mark=mark)
+    assert real.returncode == 0, (real.stdout + real.stderr)[-4000:]
+    run_id, _ = newest_run(DAG_ID)
+    events = airflow_services.api.get(
+        f"/assets/events?source_dag_id={DAG_ID}&limit=1000")["asset_events"]
+    runs = [event["source_run_id"] for event in events]
+    assert [r for r in runs if r.startswith("__airflow_temporary_run_")] == []
+    (published,) = [event for event in events if event["source_run_id"] == run_id]
+    assert (published["uri"], published["extra"]["step"]) == (
+        "ringflow://ringflow_tp_train/train", 4)
+
+
 def write_dag(folder: Path, dag_id: str, retries: int, **model_args) -> Path:
     """A one-task DAG file running the test builder (tests/provider/tp_builders.py)."""
     path = folder / f"{dag_id}.py"
