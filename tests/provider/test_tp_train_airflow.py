@@ -224,6 +224,35 @@ def test_a_debug_run_publishes_no_asset_event_and_a_dag_run_still_does(
         "ringflow://ringflow_tp_train/train", 4)
 
 
+@pytest.mark.slow
+def test_make_demo_keeps_its_runs_and_checkpoints_in_its_airflow_home(tmp_path, mark):
+    """`make demo` on a home of its own (DEMO_HOME) with $HOME elsewhere: ringflow's folders
+    are under the demo's home, none under ~/.ringflow; its run publishes the Asset event."""
+    demo, user = tmp_path / "demo-home", tmp_path / "user"
+    user.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "RINGFLOW"))}
+    conf = {"model": "mlp", "steps": 6, "log_every": 3, "tensor_parallel_degree": 1,
+            "nproc_per_host": 1}
+    venv = VENV_BIN.parent
+    out = subprocess.run(
+        ["make", "-s", "-o", f"{venv}/.installed", "demo", f"VENV={venv}",
+         f"DEMO_HOME={demo}", f"DEMO_CONF={json.dumps(conf)}"], cwd=REPO, capture_output=True,
+        text=True, timeout=400, env={**env, "HOME": str(user), "TP_TEST_MARK": mark})
+    shown = out.stdout.splitlines()
+    assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
+    assert not (user / ".ringflow").exists()
+    folders = dict(re.findall(r"^(checkpoint|worker logs|loss plot|losses) +(/\S+)$",
+                              out.stdout, re.M))
+    ringflow = demo / "ringflow"
+    assert folders["checkpoint"].startswith(f"{ringflow}/checkpoints/ringflow_tp_train/")
+    for name in ("worker logs", "loss plot", "losses"):
+        assert folders[name].startswith(f"{ringflow}/runs/ringflow_tp_train/"), shown
+    assert all(Path(path).exists() for path in folders.values()), folders
+    assert (ringflow / "jobs").is_dir()                  # the job's state (its supervisor)
+    assert any(line.startswith("asset event ringflow://ringflow_tp_train/train {") and
+               f"'checkpoint': '{folders['checkpoint']}'" in line for line in shown), shown
+
+
 def write_dag(folder: Path, dag_id: str, retries: int, **model_args) -> Path:
     """A one-task DAG file running the test builder (tests/provider/tp_builders.py)."""
     path = folder / f"{dag_id}.py"
