@@ -132,7 +132,7 @@ def test_airflow_tasks_test_trains_with_a_param_override(airflow_home, mark):
     out = airflow("tasks", "test", DAG_ID, "train", "-t", '{"steps": 30}', mark=mark)
     log = out.stdout + out.stderr
     assert (out.returncode, task_states(log)) == (0, ["success"]), log[-4000:]
-    assert ("training transformer on this host: 2 ranks (tensor parallel 2 x data parallel 1), "
+    assert ("training transformer on this host: 2 ranks (mp 2 x dp 1), "
             "30 steps of 32 samples, float32, adam optimizer") in log
     assert "try 1: no complete checkpoint in" in log
     assert "step 10/30  loss " in log and "step 30/30  loss " in log
@@ -195,7 +195,7 @@ def test_a_dag_run_returns_the_summary_and_emits_the_asset_event(airflow_home, m
     assert shown.stdout.splitlines()[1:4] == [
         f"{DAG_ID} run {run_id}: success",
         f"loss {first[1]:.4f} at step 1 -> {summary['final_loss']:.4f} at step 12  (2 ranks: "
-        f"tensor parallel 2 x data parallel 1, {summary['samples_per_s']:,.0f} samples/s)",
+        f"mp 2 x dp 1, {summary['samples_per_s']:,.0f} samples/s)",
         f"checkpoint  {summary['checkpoint']}"]
     assert f"asset event ringflow://ringflow_tp_train/train {events[0][1]}" in shown.stdout
 

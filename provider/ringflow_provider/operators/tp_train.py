@@ -310,7 +310,7 @@ class TPTrainOperator(RingflowJobOperator):
         where = (f"on {len(hosts)} hosts ({','.join(hosts)}), {nproc} ranks each, launcher "
                  f"{plan['launcher']}" if hosts else "on this host")
         self.log.info(
-            "training %s %s: %d ranks (tensor parallel %d x data parallel %d), %d steps of %d "
+            "training %s %s: %d ranks (mp %d x dp %d), %d steps of %d "
             "samples, %s, %s optimizer; logs and spec in %s", spec.model, where, world, mp,
             world // mp, spec.steps, spec.global_batch_size, spec.dtype,
             spec.optimizer["type"], plan["log_dir"])
