@@ -392,5 +392,6 @@ DEBUG_RUN_PREFIX = "__airflow_temporary_run_"
 
 def debug_run(context: Any) -> bool:
     """Whether the task runs under `airflow tasks test` rather than in a DAG run."""
-    return (str(context.get("run_id") or "").startswith(DEBUG_RUN_PREFIX)
+    run_id = context.get("run_id") or getattr(context.get("ti"), "run_id", None) or ""
+    return (str(run_id).startswith(DEBUG_RUN_PREFIX)
             or os.environ.get("AIRFLOW_TEST_MODE", "").lower() == "true")
