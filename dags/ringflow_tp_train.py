@@ -1,4 +1,4 @@
-"""Train a small GPT (or an MLP) with tensor and data parallelism on this Airflow worker's
+"""Train a small transformer (or an MLP) with tensor and data parallelism on this Airflow worker's
 CPU, with ringflow's `TPTrainOperator`.
 
 `nproc_per_host` worker processes (ranks) run the job: `tensor_parallel_degree` consecutive
@@ -55,8 +55,8 @@ PYTHONS = ["python3"]
 # choice (the built-in models), so the form cannot offer what the operator refuses.
 PARAMS = tp_train.params({
     "model": {"default": "transformer", "enum": ["transformer", "mlp"], "section": JOB,
-              "description": "Built-in model: a small GPT on a synthetic next-token task, "
-                             "or an MLP classifier"},
+              "description": "Built-in model: a small transformer on a synthetic next-token "
+                             "task, or an MLP classifier"},
     "steps": {"default": 200, "section": JOB,
               "description": "Training steps in total (a resumed try continues to this)"},
     "global_batch_size": {"default": 32, "section": JOB,

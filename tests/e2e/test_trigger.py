@@ -52,7 +52,7 @@ DAG_CASES = [
                       and not any("tok-e2e-4410" in arg for arg in argv)},
             invalid_confs=({"num_ipus": 0}, {"hosts": "evil.example"},
                            {"launch_host": "evil.example"})),
-    # The main job: the transformer, tensor parallel 2 on 2 local ranks, fewer steps.
+    # The main job: the transformer, mp 2 x dp 1 on 2 local ranks, fewer steps.
     DagCase("ringflow_tp_train", "train",
             conf={"steps": 20, "log_every": 5, "seed": 3},
             expected={"steps": 20, "world_size": 2, "mp_degree": 2, "dp_degree": 1,
