@@ -148,20 +148,14 @@ class LinePieces:
 
 
 class BoundedLines(LinePieces):
-    """Passes each line of one byte stream (without its ending) to `emit`, as bytes; with
-    `whole=True` as `emit(raw, whole)`."""
+    """Passes each line of one byte stream (without its ending) to `emit`, as bytes."""
 
-    def __init__(self, emit: Callable[..., None], max_line: int = MAX_LINE_BYTES,
-                 whole: bool = False) -> None:
+    def __init__(self, emit: Callable[[bytes], None], max_line: int = MAX_LINE_BYTES) -> None:
         super().__init__(max_line)
         self._emit_raw = emit
-        self._with_whole = whole
 
     def piece(self, data: bytes, ending: bytes, start: bool) -> None:
-        if self._with_whole:
-            self._emit_raw(data, self.is_whole(ending, start))
-        else:
-            self._emit_raw(data)
+        self._emit_raw(data)
 
 
 class LineSplitter(LinePieces):
