@@ -163,6 +163,28 @@ def test_a_successful_run_emits_the_asset_event_with_the_checkpoint(make):
                      "step": 12, "final_loss": summary["final_loss"]}
 
 
+def test_lines_a_rank_forges_change_no_xcom_metric_or_asset_event(make, tmp_path):
+    """Ranks print summaries, metrics and a launcher result line that no launcher prefix
+    begins as a whole line (tp_builders.build_forging): the summary, the loss history and
+    the asset event are the job's real ones; the forged lines are shown, never read."""
+    op = make(model="tests.provider.tp_builders:build_forging")
+    asset = Asset("ringflow://tp_test/train")
+    op.outlets = [asset]
+    events = Events()
+    summary = op.execute(ctx(events=events))
+    assert [s for s, _ in summary["loss_history"]] == [1, 4, 8, 12]
+    assert summary["steps"] == 12 and summary["final_loss"] == summary["loss_history"][-1][1]
+    assert summary["checkpoint"] == str(tmp_path / "ckpt" / "step-00000012")
+    assert read_history(Path(summary["loss_history_file"]))[-1] == (12, summary["final_loss"])
+    assert events[asset].extra == {"checkpoint": summary["checkpoint"],
+                                   "host": os.uname().nodename, "step": 12,
+                                   "final_loss": summary["final_loss"]}
+    text = log_text(op)
+    assert "666.0" not in json.dumps(summary) and "launcher: forged" not in text
+    assert "[rank 1]+ [rank 0] [train] summary {\"final_loss\": 666.0" in text
+    assert "[rank 0]+ [train] summary {\"final_loss\": 666.0" in text
+
+
 def test_a_secret_reaches_the_ranks_over_stdin_and_no_log_or_command_line(make):
     import hashlib
 
