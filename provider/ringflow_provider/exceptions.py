@@ -5,6 +5,7 @@ an `AirflowFailException`, which Airflow fails at once, without retries.
 
     RingflowException(AirflowException)
     +-- RingflowConfigException(+AirflowFailException)  an argument or the setup is refused
+    |   +-- RingflowFolderException             a folder of the job is unusable on a host
     +-- RingflowLaunchException                 the job could not be started or watched
     |   +-- RingflowHostUnreachableException    a host could not be reached (or was lost)
     +-- RingflowJobFailedException              the job ran and failed (exit_code, host)
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from ringflow.errors import HostUnreachableError, LaunchError
+from ringflow.errors import FolderError, HostUnreachableError, LaunchError
 
 
 class RingflowException(AirflowException):
@@ -25,6 +26,11 @@ class RingflowException(AirflowException):
 
 class RingflowConfigException(RingflowException, AirflowFailException):
     """An argument (as rendered) or the deployment is refused; not retried."""
+
+
+class RingflowFolderException(RingflowConfigException):
+    """A folder of the job (log_dir, checkpoint_dir, its job folder) cannot be used on a
+    host: not writable, a symlink, or another user's; not retried."""
 
 
 class RingflowLaunchException(RingflowException):
@@ -57,8 +63,11 @@ class RingflowJobKilledException(RingflowException):
     """The job was stopped because Airflow killed the task (on_kill)."""
 
 
-def launch_exception(exc: LaunchError, message: str) -> RingflowLaunchException:
+def launch_exception(exc: LaunchError, message: str
+                     ) -> RingflowLaunchException | RingflowFolderException:
     """The task's exception for a launcher error (`message`: its text, masked)."""
+    if isinstance(exc, FolderError):
+        return RingflowFolderException(message)
     if isinstance(exc, HostUnreachableError):
         return RingflowHostUnreachableException(message)
     return RingflowLaunchException(message)

@@ -23,6 +23,7 @@ import pytest
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from ringflow.train.metrics import parse_train_line
+from ringflow_provider.exceptions import RingflowFolderException
 from ringflow_provider.operators.tp_train import TPTrainOperator
 from tests.provider import task_process
 from tests.provider.conftest import wait_until
@@ -122,6 +123,31 @@ def test_a_rank_failing_on_the_second_host_fails_the_task_naming_that_host(
     assert message.startswith("training failed: rank ") and f" on host {second} " in message
     assert "tp-hosts-data.npz" in message and "(not retried:" in message
     first.run(["rm", "-f", data])
+
+
+@pytest.mark.parametrize("launcher", ["ssh", "mpirun"])
+def test_a_folder_one_host_cannot_write_fails_before_any_agent_starts_naming_it(
+        two_hosts, ns_hosts, launcher):
+    """The second host's folder is immutable (chattr +i: the login is root, which ignores
+    modes); the check runs on every host before anything starts, not retried."""
+    first, second = list(ns_hosts)[:2]
+    folder = second.home / "immutable"
+    folder.mkdir(exist_ok=True)
+    subprocess.run(["chattr", "+i", str(folder)], check=True)
+    run = f"run-{uuid.uuid4().hex[:8]}"
+    try:
+        with pytest.raises(RingflowFolderException) as err:
+            make(two_hosts, launcher=launcher, checkpoint_dir="immutable/ckpt").execute(
+                ctx(run, max_tries=3))
+    finally:
+        subprocess.run(["chattr", "-i", str(folder)], check=True)
+    assert isinstance(err.value, AirflowFailException)
+    assert str(err.value) == (f"checking the job's folders failed: host {second.address!r}: "
+                              "checkpoint_dir immutable/ckpt is not writable: Operation not "
+                              "permitted")
+    assert not list((first.home / ".ringflow" / "runs" / "tp_hosts" / run).rglob("spec.json"))
+    assert not [h for h in (first.home / ".ringflow").rglob("handle.json")
+                if run in h.read_text()]  # no job folder of the run
 
 
 def run_in_thread(op, context):

@@ -14,6 +14,8 @@ import math
 import os
 import re
 import signal
+import socket
+import subprocess
 import sys
 import threading
 import time
@@ -27,6 +29,7 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from ringflow_provider.exceptions import (
     RingflowConfigException,
+    RingflowFolderException,
     RingflowJobFailedException,
     RingflowJobKilledException,
     RingflowJobRefusedException,
@@ -215,6 +218,30 @@ def test_a_secret_in_a_bad_value_is_masked_in_the_error(make):
     with pytest.raises(AirflowFailException) as err:
         op.execute(ctx())
     assert SECRET not in str(err.value) and "***" in str(err.value)
+
+
+@pytest.fixture
+def immutable(tmp_path):
+    """A folder nothing can be added to, root included (chattr +i: root ignores modes)."""
+    folder = tmp_path / "immutable"
+    folder.mkdir()
+    subprocess.run(["chattr", "+i", str(folder)], check=True)
+    yield folder
+    subprocess.run(["chattr", "-i", str(folder)], check=True)
+
+
+@pytest.mark.parametrize("field", ["checkpoint_dir", "log_dir"])
+def test_a_folder_that_cannot_be_written_fails_before_any_rank_starts_not_retried(
+        make, immutable, field):
+    op = make(**{field: str(immutable / "job")})
+    with pytest.raises(RingflowFolderException) as err:
+        op.execute(ctx(max_tries=3))
+    assert isinstance(err.value, AirflowFailException)
+    assert str(err.value) == (f"checking the job's folders failed: host "
+                              f"{socket.gethostname()!r}: {field} {immutable}/job is not "
+                              "writable: Operation not permitted")
+    assert "started under ringflow's supervisor" not in log_text(op)
+    assert not (Path(op.log_dir) / "spec.json").exists()
 
 
 def run_in_thread(op, context):

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar, TypeVar
 
-from ringflow.errors import LaunchError, gathered
+from ringflow.errors import FolderError, LaunchError, gathered
 from ringflow.launch import jobdir
 from ringflow.launch.supervisor import ENV_KEY, FINAL_PREFIX, MASK_KEY, STARTED_PREFIX
 from ringflow_provider.launchers import commands
@@ -63,7 +63,8 @@ class Launcher:
     def make_shell(self, host: str) -> Shell:
         raise NotImplementedError
 
-    def prepare(self, *, numpy: bool = True, hosts: Sequence[str] | None = None) -> None:
+    def prepare_hosts(self, *, numpy: bool = True, hosts: Sequence[str] | None = None
+                      ) -> None:
         """Every host (default: the launcher's) checked and given the runtime."""
         raise NotImplementedError
 
@@ -92,6 +93,31 @@ class Launcher:
 
     def runtime(self, host: str) -> Runtime:
         return self.runtimes.get(host) or Runtime(self.python)
+
+    def prepare(self, *, numpy: bool = True, hosts: Sequence[str] | None = None,
+                writable: Mapping[str, str | None] | None = None) -> None:
+        """Every host (default: the launcher's) checked and given the runtime
+        (`prepare_hosts`); then each folder of `writable` (what it is -> its path, relative
+        to the login's home) made if missing and written to on every host, before any part
+        of a job starts: a FolderError names each host, folder and cause."""
+        self.prepare_hosts(numpy=numpy, hosts=hosts)
+        folders = {what: path for what, path in (writable or {}).items() if path}
+        if folders:
+            self.on_every_host(lambda host: self.check_writable(host, folders),
+                               "checking the job's folders", hosts)
+
+    def check_writable(self, host: str, folders: Mapping[str, str]) -> None:
+        code, out, err = self.run(host, commands.writable_command(list(folders.values())))
+        found = commands.unwritable(out)
+        if code != 0 and not found:
+            said = (err.strip() or out.strip() or f"exit {code}").splitlines()[-1]
+            raise LaunchError(f"host {host!r}: the job's folders could not be checked: "
+                              f"{said}")
+        if found:
+            names = {path: what for what, path in folders.items()}
+            raise FolderError(f"host {host!r}: " + "; ".join(
+                f"{names.get(path, 'folder')} {path} is not writable: {cause}"
+                for path, cause in found))
 
     def on_every_host(self, work: Callable[[str], T], what: str,
                       hosts: Sequence[str] | None = None) -> dict[str, T]:

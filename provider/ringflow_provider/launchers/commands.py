@@ -122,6 +122,37 @@ def task_jobs_command(task_dir: str) -> str:
     return _script(body)
 
 
+UNWRITABLE = "ringflow-unwritable"
+
+
+def writable_command(folders: Sequence[str]) -> str:
+    """Each folder made if missing (0700) and a small file written into it and removed; one
+    `UNWRITABLE<TAB>folder<TAB>what the host said` line for each that fails."""
+    body = ("umask 077\n"
+            f"for d in {' '.join(shlex.quote(f) for f in folders)}; do\n"
+            '  f="$d/.ringflow-write-check.$$"\n'
+            '  if ! said=$( (mkdir -p -- "$d" && printf x > "$f" && rm -f -- "$f") 2>&1); '
+            "then\n"
+            '    rm -f -- "$f" 2>/dev/null\n'
+            f"    printf '{UNWRITABLE}\\t%s\\t%s\\n' \"$d\" \"$(printf %s \"$said\" | "
+            "tail -n 1)\"\n"
+            "  fi\n"
+            "done")
+    return _script(body)
+
+
+def unwritable(out: str) -> list[tuple[str, str]]:
+    """(folder, cause) of each folder `writable_command` found not writable; the cause is
+    the error's last part (`Permission denied`, `Read-only file system`, ...)."""
+    found = []
+    for line in out.splitlines():
+        mark, _, rest = line.partition("\t")
+        if mark == UNWRITABLE:
+            folder, _, said = rest.partition("\t")
+            found.append((folder, said.rsplit(": ", 1)[-1].strip() or "unknown error"))
+    return found
+
+
 def find_executable_command(executable: str) -> str:
     """Exit 0 iff `executable` is found (on PATH, or as a path) by the host's shell."""
     return _script(f"command -v -- {shlex.quote(executable)}")
