@@ -244,6 +244,40 @@ def test_a_folder_that_cannot_be_written_fails_before_any_rank_starts_not_retrie
     assert not (Path(op.log_dir) / "spec.json").exists()
 
 
+def test_a_checkpoint_that_cannot_be_written_fails_the_task_naming_it_not_retried(
+        make, tmp_path):
+    """The checkpoint folder becomes immutable (chattr +i) once step 4's checkpoint is
+    complete, while the ranks wait at a gate before step 5 (tests.runtime.train.gated_model);
+    the save of step 8 fails, step 4's stays complete."""
+    from ringflow.train.checkpoint import latest_checkpoint, read_complete
+
+    root, gate = tmp_path / "ckpt", tmp_path / "gate"
+    op = make(model="tests.runtime.train.gated_model:build", steps=8,
+              model_args={"input_size": 8, "hidden_size": 16, "num_classes": 4,
+                          "gate": str(gate), "gate_step": 4})
+
+    def break_the_folder():
+        wait_until(lambda: read_complete(str(root), 4) is not None, 60, "step 4's checkpoint")
+        subprocess.run(["chattr", "+i", str(root)], check=True)
+        gate.touch()
+
+    breaker = threading.Thread(target=break_the_folder, daemon=True)
+    breaker.start()
+    try:
+        with pytest.raises(RingflowJobRefusedException) as err:
+            op.execute(ctx(max_tries=3))
+    finally:
+        breaker.join(60)
+        subprocess.run(["chattr", "-i", str(root)], check=True)
+    assert isinstance(err.value, AirflowFailException) and err.value.exit_code == 4
+    message = str(err.value)
+    assert f"the checkpoint of step 8 could not be written to {root}/step-00000008: " \
+           "Operation not permitted; last good checkpoint: " in message
+    assert message.endswith("(not retried: a checkpoint could not be written (permission, "
+                            "disk full); the previous checkpoint is intact)")
+    assert latest_checkpoint(str(root)).step == 4
+
+
 def run_in_thread(op, context):
     outcome: dict = {}
 

@@ -13,13 +13,13 @@ import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from ringflow.launch.exits import RUNNING_EXIT, SETUP_EXIT
 from ringflow.naming import check_job_id
 
 SUPERVISOR = "ringflow.launch.supervisor"
 HANDLE_FILE = "handle.json"  # the job's JobHandle (no secret), written beside status.json
 TRIES_DIR = "try-"
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-RUNNING_EXIT = 98
 KEEP_DAYS = 7  # an ended job's folder (output, status) stays this long on its host
 RUNNING_MESSAGE = "a job of this task try still runs in"
 
@@ -40,7 +40,7 @@ class Runtime:
 
 
 def _script(body: str) -> str:
-    return f"sh -c {shlex.quote('cd || exit 97' + chr(10) + body)}"
+    return f"sh -c {shlex.quote(f'cd || exit {SETUP_EXIT}' + chr(10) + body)}"
 
 
 def exports(env: Mapping[str, str]) -> str:
@@ -86,9 +86,9 @@ def start_command(runtime: Runtime, job_dir: str, argv: Sequence[str], *,
         f'  if [ -e {d}/lock ] && ! flock -n {d}/lock true; then\n'
         f'    echo "{RUNNING_MESSAGE} {job_dir}" >&2; exit {RUNNING_EXIT}\n'
         "  fi\n"
-        f'  mv {d} {d}.replaced-$(date +%s%N) || exit 97\n'
+        f'  mv {d} {d}.replaced-$(date +%s%N) || exit {SETUP_EXIT}\n'
         "fi\n"
-        f"mkdir -p {d} || exit 97\n"
+        f"mkdir -p {d} || exit {SETUP_EXIT}\n"
         f"{_forget_old_jobs(job_dir)}"
         f"printf '%s\\n' {shlex.quote(record)} > {shlex.quote(job_dir + '/' + HANDLE_FILE)}\n"
         f"{exports(env)}"
