@@ -40,6 +40,7 @@ from tests.procs import marked_processes
 from tests.provider import task_process
 from tests.provider.conftest import REPO, wait_until
 from tests.provider.contexts import TaskInstanceStub
+from tests.provider.job_folders import loosen, not_private
 from tests.provider.test_poprun_operator import RecordingLog
 
 pytestmark = [pytest.mark.multiproc]
@@ -276,6 +277,39 @@ def test_a_checkpoint_that_cannot_be_written_fails_the_task_naming_it_not_retrie
     assert message.endswith("(not retried: a checkpoint could not be written (permission, "
                             "disk full); the previous checkpoint is intact)")
     assert latest_checkpoint(str(root)).step == 4
+
+
+@pytest.mark.parametrize("deferrable", [False, True])
+def test_the_job_folder_is_private_attached_and_detached(make, monkeypatch, tmp_path,
+                                                         deferrable):
+    """Folders 0700, files 0600, the state folder tightened from the 0755 it had."""
+    from tests.provider.deferral import execute_deferred
+
+    monkeypatch.setenv("RINGFLOW_HOME", str(tmp_path / "home"))
+    loosen(tmp_path / "home" / "jobs")
+    args = dict(steps=4, deferrable=deferrable, poll_interval=0.5)
+    if deferrable:
+        summary, _ = execute_deferred(make(**args), ctx(), lambda: make(**args))
+    else:
+        summary = make(**args).execute(ctx())
+    assert summary["steps"] == 4
+    assert not_private(tmp_path / "home" / "jobs") == []
+    assert [p.name for p in (tmp_path / "home" / "jobs").glob("*/try-1/status.json")] == [
+        "status.json"]
+
+
+def test_a_state_folder_that_is_a_symlink_is_refused_before_the_job_starts(
+        make, monkeypatch, tmp_path):
+    monkeypatch.setenv("RINGFLOW_HOME", str(tmp_path / "home"))
+    (tmp_path / "home").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "home" / "jobs").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(RingflowFolderException) as err:
+        make().execute(ctx(max_tries=3))
+    assert str(err.value) == (
+        f"starting the job failed: host {socket.gethostname()!r}: {tmp_path}/home/jobs is a "
+        "symlink: ringflow keeps a job's folder only in real folders of its user")
+    assert list((tmp_path / "elsewhere").iterdir()) == []
 
 
 def run_in_thread(op, context):

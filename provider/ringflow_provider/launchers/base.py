@@ -19,6 +19,7 @@ from typing import Any, ClassVar, TypeVar
 
 from ringflow.errors import FolderError, LaunchError, gathered
 from ringflow.launch import jobdir
+from ringflow.launch.exits import FOLDER_REFUSED_EXIT
 from ringflow.launch.supervisor import ENV_KEY, FINAL_PREFIX, MASK_KEY, STARTED_PREFIX
 from ringflow_provider.launchers import commands
 from ringflow_provider.launchers.commands import Runtime
@@ -193,6 +194,8 @@ class Launcher:
             started = [x for x in out.splitlines() if x.startswith(STARTED_PREFIX)]
             if code != 0 or not started:
                 said = (err.strip() or out.strip() or f"exit {code}").splitlines()[-1]
+                if code == FOLDER_REFUSED_EXIT:
+                    raise FolderError(f"host {host!r}: {said}")
                 raise LaunchError(f"host {host!r}: the job could not be started: {said}")
             return json.loads(started[-1][len(STARTED_PREFIX):])
 

@@ -13,7 +13,7 @@ import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from ringflow.launch.exits import RUNNING_EXIT, SETUP_EXIT
+from ringflow.launch.exits import FOLDER_REFUSED_EXIT, RUNNING_EXIT, SETUP_EXIT
 from ringflow.naming import check_job_id
 
 SUPERVISOR = "ringflow.launch.supervisor"
@@ -65,13 +65,49 @@ def _forget_old_jobs(job_dir: str) -> str:
             "done\n")
 
 
+# `own FOLDER`: FOLDER made (0700) if missing, else it must be a real folder of this user, not
+# a symlink (where it points, or another user, would get the job's files); then made 0700.
+_OWN = (
+    'me=$(id -u)\n'
+    'own() {\n'
+    '  if [ ! -e "$1" ] && [ ! -L "$1" ]; then mkdir -- "$1" 2>/dev/null || [ -d "$1" ] || '
+    f'exit {SETUP_EXIT}; fi\n'
+    '  if [ -L "$1" ]; then why="is a symlink"\n'
+    '  elif [ ! -d "$1" ]; then why="is not a folder"\n'
+    '  elif [ "$(stat -c %u -- "$1")" != "$me" ]; then\n'
+    '    why="is owned by uid $(stat -c %u -- "$1"), not by this user (uid $me)"\n'
+    '  else chmod 700 -- "$1"; return; fi\n'
+    '  echo "$1 $why: ringflow keeps a job\'s folder only in real folders of its user" >&2\n'
+    f'  exit {FOLDER_REFUSED_EXIT}\n'
+    '}\n')
+
+
+def _own_folders(state_dir: str, job_dir: str) -> str:
+    """The state folder (each part of it when relative to the home; else its parents made,
+    itself checked) and the task's folder `own`ed; the job folder too if it exists."""
+    parts = state_dir.split("/")
+    if state_dir.startswith("/"):
+        checked = [state_dir]
+        made = f"mkdir -p -- {shlex.quote(state_dir.rsplit('/', 1)[0] or '/')} || " \
+               f"exit {SETUP_EXIT}\n"
+    else:
+        checked = ["/".join(parts[:i + 1]) for i in range(len(parts)) if parts[i]]
+        made = ""
+    checked.append(job_dir.rsplit("/", 1)[0])
+    d = shlex.quote(job_dir)
+    return (_OWN + made + "".join(f"own {shlex.quote(c)}\n" for c in checked)
+            + f"if [ -e {d} ] || [ -L {d} ]; then own {d}; fi\n")
+
+
 def start_command(runtime: Runtime, job_dir: str, argv: Sequence[str], *,
                   env: Mapping[str, str], secrets: str, lease_timeout: float | None,
                   grace_s: float, handle: Mapping, secret_names: Sequence[str] = ()) -> str:
-    """Start `argv` detached under the supervisor in `job_dir`, recording `handle` there.
-    The supervisor reads one line of secrets from stdin first (`secrets` says whether they
-    go to the command's environment or on as its stdin's first line); variables of those
-    names that the host's own environment has are unset, so only the line's values count."""
+    """Start `argv` detached under the supervisor in `job_dir` (`<state>/<task>/try-<n>`),
+    recording `handle` there; the state, task and job folders must be real folders of this
+    user (else exit FOLDER_REFUSED_EXIT naming the folder) and are made 0700. The
+    supervisor reads one line of secrets from stdin first (`secrets` says whether they go
+    to the command's environment or on as its stdin's first line); variables of those names
+    that the host's own environment has are unset, so only the line's values count."""
     args = ["run", "--job-dir", job_dir, "--detach", "--secrets", secrets,
             "--grace", f"{grace_s:g}"]
     if lease_timeout is not None:
@@ -80,6 +116,7 @@ def start_command(runtime: Runtime, job_dir: str, argv: Sequence[str], *,
     d = shlex.quote(job_dir)
     body = (
         "umask 077\n"
+        f"{_own_folders(job_dir.rsplit('/', 2)[0], job_dir)}"
         # the same try started again (`airflow tasks test` twice): an ended job's folder is
         # kept aside, a running one is refused
         f'if [ -e {d}/output.log ]; then\n'
@@ -89,6 +126,7 @@ def start_command(runtime: Runtime, job_dir: str, argv: Sequence[str], *,
         f'  mv {d} {d}.replaced-$(date +%s%N) || exit {SETUP_EXIT}\n'
         "fi\n"
         f"mkdir -p {d} || exit {SETUP_EXIT}\n"
+        f"own {d}\n"
         f"{_forget_old_jobs(job_dir)}"
         f"printf '%s\\n' {shlex.quote(record)} > {shlex.quote(job_dir + '/' + HANDLE_FILE)}\n"
         f"{exports(env)}"
