@@ -188,6 +188,12 @@ def test_a_tampered_copy_in_the_cache_is_replaced_and_not_used(hooks, ns_hosts):
     assert again.replaced.startswith("ringflow/__init__.py differs from the shipped file "
                                      "(sha256 ")
     assert again.pythonpath == first.pythonpath
+    python = shipping.HostPython(host.address, "/usr/bin/python3", (3, 11, 2), "1.24.2")
+    assert shipping.Prepared(python, again).describe().endswith(
+        f"runtime uploaded at {again.pythonpath} (the copy there was not this runtime and was "
+        f"replaced: {again.replaced})")
+    assert shipping.Prepared(python, first).describe().endswith(" runtime uploaded at "
+                                                                f"{first.pythonpath}")
     code, out, err = hook.run(host.address, f"PYTHONPATH={shlex.quote(again.pythonpath)} "
                               "/usr/bin/python3 -c 'import ringflow'", timeout=30)
     assert (code, out) == (0, ""), err

@@ -65,25 +65,26 @@ def runtime_bundle(package_dir: Path | None = None) -> RuntimeBundle:
     return RuntimeBundle(root, tuple(files), digest.hexdigest(), tuple(hashes))
 
 
-# Runs under the host's python: every entry of a copy as `<sha256|dir> <mode> <path>`
-# (relative, sorted); Python's __pycache__ folders are removed first (`pycache <path>`, or
-# `pycache-kept <path>` when they cannot be).
+# Runs under the host's python: every entry of a copy as `<sha256|dir|other> <mode> <path>`
+# (relative, sorted). Python's __pycache__ folders are removed first and never listed (a root
+# login writes them despite the modes; a job of that login may be writing one right now, so
+# one that cannot be removed is left to it).
 _VERIFY = """import hashlib, os, shutil, stat, sys
 root = sys.argv[1]
 for top, dirs, files in os.walk(root):
     for d in [d for d in dirs if d == "__pycache__"]:
         dirs.remove(d)
-        path, mode = os.path.join(top, d), stat.S_IMODE(os.lstat(top).st_mode)
+        mode = stat.S_IMODE(os.lstat(top).st_mode)
         try:
             os.chmod(top, mode | 0o700)
-            shutil.rmtree(path)
-            print("pycache", os.path.relpath(path, root))
+            shutil.rmtree(os.path.join(top, d))
         except OSError:
-            print("pycache-kept", os.path.relpath(path, root))
+            pass
         finally:
             os.chmod(top, mode)
 out = []
 for top, dirs, files in os.walk(root):
+    dirs[:] = [d for d in dirs if d != "__pycache__"]
     links = [d for d in dirs if os.path.islink(os.path.join(top, d))]
     for name in [top] + [os.path.join(top, f) for f in files + links]:
         st = os.lstat(name)
@@ -108,12 +109,6 @@ def differences(bundle: RuntimeBundle, listing: str, limit: int = 3) -> list[str
     expected, found = bundle.expected(), {}
     said = []
     for line in listing.splitlines():
-        kind, _, path = line.partition(" ")
-        if kind == "pycache-kept":
-            said.append(f"{path} (compiled files) cannot be removed")
-            continue
-        if kind == "pycache":
-            continue
         what, _, rest = line.partition(" ")
         mode, _, path = rest.partition(" ")
         found[path] = (what, int(mode, 8) if mode.isdigit() else -1)
@@ -124,8 +119,9 @@ def differences(bundle: RuntimeBundle, listing: str, limit: int = 3) -> list[str
         elif want is None:
             said.append(f"{path} was added")
         elif have[0] != want[0]:
-            said.append(f"{path} differs from the shipped file (sha256 {have[0][:12]}...)"
-                        if want[0] != "dir" else f"{path} is not a folder")
+            said.append(f"{path} is not a folder" if want[0] == "dir" else
+                        f"{path} is not a regular file" if have[0] in ("dir", "other") else
+                        f"{path} differs from the shipped file (sha256 {have[0][:12]}...)")
         elif have[1] != want[1]:
             said.append(f"{path} has mode {have[1]:o}, not {want[1]:o}")
     more = len(said) - limit

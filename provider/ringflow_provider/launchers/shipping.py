@@ -19,8 +19,8 @@ older than STALE_TMP_S (left by a killed ship) are removed.
 A copy the cache has is used only when every file's sha256 is this runtime's, no file was
 added and every mode is still read-only (`verify_command`, run by the host's python);
 otherwise the copy is set aside and a fresh one installed in its place, and the task log
-says what was wrong. Python's own `__pycache__` folders are removed by that check (a root
-login writes them despite the modes), so no compiled file outlives a verification.
+says what was wrong. Python's own `__pycache__` folders are removed by that check and not
+compared (a root login writes them despite the modes).
 """
 
 from __future__ import annotations
