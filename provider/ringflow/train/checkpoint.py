@@ -24,6 +24,7 @@ import contextlib
 import json
 import os
 import re
+import sys
 import zipfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -292,9 +293,10 @@ class Checkpointer:
 
     def save(self, step: int, meta: dict[str, Any]) -> str:
         """Every rank writes its shard; then each host's local rank 0 its manifest; then,
-        with the new checkpoint complete everywhere, older ones go. Returns its folder;
-        CheckpointWriteError if a file cannot be written (the ranks that could wait at the
-        barrier until the failing one's exit fails it for them)."""
+        with the new checkpoint complete everywhere, older ones go (if they cannot, a
+        warning line). Returns its folder; CheckpointWriteError if a file cannot be written
+        (the ranks that could wait at the barrier until the failing one's exit fails it for
+        them)."""
         write_shard(self.root, step, self.layout.rank, self.persistables(),
                     {**meta, "step": step, "rank": self.layout.rank})
         self.barrier()
@@ -302,8 +304,12 @@ class Checkpointer:
             write_manifest(self.root, step, self.layout)
         self.barrier()
         if self.layout.local_rank == 0:
-            with _writing(step, self.root):
+            try:
                 prune(self.root, self.layout)
+            except OSError as exc:  # the new checkpoint is complete: training goes on
+                print(f"[train] warning: older checkpoints could not be removed from "
+                      f"{exc.filename or self.root}: {exc.strerror or exc}", file=sys.stderr,
+                      flush=True)
         return step_path(self.root, step)
 
     def sources(self, checkpoint: Checkpoint) -> list[str]:
