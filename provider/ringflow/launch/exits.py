@@ -19,9 +19,9 @@ EXIT_CONFIG = 2
 EXIT_NONFINITE = 3
 EXIT_CHECKPOINT = 4
 # A host command of the provider's launchers, the launcher agent, the supervisor's `follow`
+FOLDER_REFUSED_EXIT = 96
 SETUP_EXIT = 97
 RUNNING_EXIT = 98
-FOLDER_REFUSED_EXIT = 96
 STDIN_CLOSED_EXIT = 128 + signal.SIGHUP
 LOST_EXIT = 255
 
