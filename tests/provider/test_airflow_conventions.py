@@ -108,12 +108,13 @@ def test_every_failure_class_is_an_airflow_exception_and_only_hopeless_ones_skip
                if isinstance(cls, type) and issubclass(cls, rx.RingflowException)}
     assert sorted(classes) == [
         "RingflowConfigException", "RingflowException", "RingflowFolderException",
+        "RingflowHostNotAllowedException",
         "RingflowHostUnreachableException", "RingflowJobFailedException",
         "RingflowJobKilledException", "RingflowJobRefusedException", "RingflowLaunchException"]
     assert all(issubclass(cls, AirflowException) for cls in classes.values())
     no_retry = sorted(n for n, cls in classes.items() if issubclass(cls, AirflowFailException))
     assert no_retry == ["RingflowConfigException", "RingflowFolderException",
-                        "RingflowJobRefusedException"]
+                        "RingflowHostNotAllowedException", "RingflowJobRefusedException"]
     failed = rx.RingflowJobRefusedException("loss nan", 3, "n1")
     assert (str(failed), failed.exit_code, failed.host) == ("loss nan", 3, "n1")
     assert isinstance(failed, rx.RingflowJobFailedException)
