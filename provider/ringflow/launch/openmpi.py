@@ -16,6 +16,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ringflow.launch.env import JOB_ID_VAR, JOB_TOKEN_VAR
+from ringflow.launch.exits import SETUP_EXIT
 from ringflow.launch.lines import MAX_LINE_BYTES, Line, LinePieces
 from ringflow.launch.secret_drop import SECRETS_DIR_VAR
 
@@ -43,7 +44,8 @@ INSTANCE_NAME = "ringflow-poprun-instance"  # the sh's $0
 SECRETS_SH = ('if [ -n "$RINGFLOW_SECRETS_DIR" ]; then '
               'f="$RINGFLOW_SECRETS_DIR/$OMPI_COMM_WORLD_RANK"; '
               'if [ ! -r "$f" ]; then echo "ringflow: no secrets file $f on $(hostname)" >&2; '
-              'exit 97; fi; . "$f"; rm -f "$f"; unset f; fi; unset RINGFLOW_SECRETS_DIR; ')
+              f'exit {SETUP_EXIT}; fi; . "$f"; rm -f "$f"; unset f; fi; '
+              'unset RINGFLOW_SECRETS_DIR; ')
 # The report carries the job's exit nonce (delivered with the secrets, taken out of the
 # environment before the program starts): a program printing a report line of its own cannot
 # know it, so cannot name its exit code or time.

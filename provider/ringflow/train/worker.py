@@ -24,9 +24,11 @@ import numpy as np
 from ..distributed.collective.reduce_op import ReduceOp
 from ..distributed.collective.registry import get_ring
 from ..errors import ConfigError
+from ..launch.exits import EXIT_CHECKPOINT, EXIT_NONFINITE, EXIT_OK
 from .checkpoint import (
     Checkpoint,
     Checkpointer,
+    CheckpointWriteError,
     Layout,
     discard_after,
     host_complete_steps,
@@ -37,7 +39,6 @@ from .data import NpzData, SyntheticData, local_rows, open_npz
 from .metrics import Reporter
 from .spec import BUILTIN_MODELS, JobSpec
 
-EXIT_OK, EXIT_ERROR, EXIT_CONFIG, EXIT_NONFINITE = 0, 1, 2, 3
 # (global ring, data-parallel ring) of TensorParallelOptimizer and of ShardingOptimizer (mp: 0)
 _RINGS = {False: (1, 2), True: (3, 1)}
 
@@ -278,11 +279,11 @@ class Trainer:
         self.report.start_clock()
         try:
             loss = self._train_from(step, loss)
-        except NonFiniteLoss as exc:
+        except (NonFiniteLoss, CheckpointWriteError) as exc:
             where = self.last_checkpoint or "none (no checkpoint was written)"
             print(f"[train] error: stopping: the {exc}; last good checkpoint: {where}",
                   file=sys.stderr, flush=True)
-            return EXIT_NONFINITE
+            return EXIT_NONFINITE if isinstance(exc, NonFiniteLoss) else EXIT_CHECKPOINT
         self.report.summary(loss, self.spec.steps, self.last_checkpoint,
                             None if start is None else start.step)
         return EXIT_OK

@@ -32,7 +32,8 @@ class LocalLauncher(Launcher):
     def make_shell(self, host: str) -> Shell:
         return LocalShell(host)
 
-    def prepare(self, *, numpy: bool = True, hosts: Sequence[str] | None = None) -> None:
+    def prepare_hosts(self, *, numpy: bool = True, hosts: Sequence[str] | None = None
+                      ) -> None:
         """This interpreter has the installed runtime and numpy: nothing to check or ship."""
         for host in self.hosts:
             self.runtimes[host] = Runtime(sys.executable)

@@ -290,7 +290,8 @@ class TPTrainOperator(RingflowJobOperator):
         spec, nproc = plan["spec"], plan["nproc"]
         task = TaskKey.from_ti(context["ti"])
         self._log_plan(spec, nproc, plan, task)
-        launcher.prepare(numpy=True)
+        launcher.prepare(numpy=True, writable={"log_dir": plan["log_dir"],
+                                               "checkpoint_dir": spec.checkpoint_dir})
         launcher.stop_earlier(task, f"try {task.try_number} starts the job again")
         self._raise_if_killed()
         port = plan["base_port"] or launcher.free_base_port(nproc)
