@@ -4,6 +4,7 @@ and reported by one code path whichever way it was watched; `on_kill` stops it."
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -11,7 +12,7 @@ from airflow.sdk import BaseOperator, conf
 from airflow.sdk.exceptions import TaskDeferred
 from pydantic import TypeAdapter
 
-from ringflow.errors import LaunchError
+from ringflow.errors import LaunchError, did_you_mean
 from ringflow_provider.exceptions import (
     RingflowConfigException,
     RingflowHostUnreachableException,
@@ -67,6 +68,7 @@ class RingflowJobOperator(BaseOperator):
         # provider default goes in only where none of them speaks.
         if "retries" not in (kwargs.get("default_args") or {}):
             kwargs.setdefault("retries", DEFAULT_RETRIES)
+        _refuse_unknown(type(self), kwargs)
         super().__init__(**kwargs)
         self.deferrable = deferrable
         self.poll_interval = poll_interval
@@ -265,6 +267,20 @@ class RingflowJobOperator(BaseOperator):
 
 
 _BOOL = TypeAdapter(bool)
+
+
+def _refuse_unknown(cls: type, kwargs: dict[str, Any]) -> None:
+    """Airflow's TypeError for arguments no class of the operator takes, with the nearest
+    name each (`stpes` -> `steps`), before BaseOperator lists them without one."""
+    known = [name for klass in cls.__mro__ if "__init__" in vars(klass)
+             and issubclass(klass, BaseOperator)
+             for name, p in inspect.signature(klass.__init__).parameters.items()
+             if p.kind is p.KEYWORD_ONLY or p.kind is p.POSITIONAL_OR_KEYWORD]
+    unknown = [k for k in kwargs if k not in known and not k.startswith("_")]
+    if unknown:
+        said = ", ".join(f"{k!r}{did_you_mean(k, known)}" for k in unknown)
+        raise TypeError(f"Invalid arguments were passed to {cls.__name__} (task_id: "
+                        f"{kwargs.get('task_id')}): {said}")
 
 
 def _templated(value: Any) -> bool:
