@@ -5,7 +5,8 @@
 raises while building, a rank that dies (exit 7) once a checkpoint is complete when the
 environment says it is the task's first try (``RF_TEST_TRY=1``, templated from
 ``ti.try_number``), and, on rank 0, a proof that a secret arrived (a digest, never the
-value) and a scan of every process's command line for it while the job runs."""
+value) and a scan of every process's command line for it while the job runs; with
+``environ_to``, each rank's /proc/<pid>/environ copied to ``<environ_to>.<rank>``."""
 
 from __future__ import annotations
 
@@ -19,8 +20,11 @@ from ringflow.models import mlp
 
 
 def build(mp_degree: int, dtype: str, fail_rank: int = -1, secret_var: str = "",
-          die_on_first_try_after: str = "", **kwargs):
+          die_on_first_try_after: str = "", environ_to: str = "", **kwargs):
     rank = int(os.environ.get("PADDLE_TRAINER_ID", "0"))
+    if environ_to and "PADDLE_TRAINER_ID" in os.environ:   # a rank, not the Airflow side
+        Path(f"{environ_to}.{rank}").write_bytes(Path(f"/proc/{os.getpid()}/environ")
+                                                 .read_bytes())
     if rank == fail_rank:
         raise RuntimeError(f"rank {rank} fails on purpose while building the model")
     if die_on_first_try_after and rank == 1 and os.environ.get("RF_TEST_TRY") == "1":
