@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from tests.provider.conftest import REPO, VENV_BIN, wait_until
 from tests.procs import marked_processes
+from tests.provider.conftest import REPO, VENV_BIN, wait_until
 from tests.provider.test_tp_train_operator import shm_left
 
 pytestmark = [pytest.mark.airflow, pytest.mark.multiproc]

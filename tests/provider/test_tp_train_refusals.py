@@ -5,13 +5,23 @@ not fit in a host's memory; and the local ranks get a minimal environment."""
 from __future__ import annotations
 
 import os
+import re
+import socket
+from pathlib import Path
 
 import pytest
 
+from ringflow_provider.exceptions import RingflowConfigException
 from ringflow_provider.operators.poprun import PopRunOperator
 from ringflow_provider.operators.tp_train import TPTrainOperator
 from ringflow_provider.tp_train.spec import parse_spec
-from tests.provider.test_tp_train_operator import ctx, make  # noqa: F401  (make: the fixture)
+from tests.provider.test_tp_train_operator import ctx, log_text, marked
+from tests.provider.test_tp_train_operator import make as make_fixture  # noqa: F401
+
+
+@pytest.fixture
+def make(make_fixture):  # noqa: F811  (the operator tests' factory, under its name here)
+    return make_fixture
 
 
 def test_a_misspelt_operator_argument_is_refused_naming_the_nearest_one():
@@ -63,3 +73,52 @@ def test_local_ranks_get_a_minimal_environment_not_the_workers(make, tmp_path, m
         assert (env["PADDLE_TRAINER_ID"], env["WANDB_KEY"], env["TMPDIR"]) == (
             str(rank), "s3cr3t-value", str(tmp_path))
         assert env["TP_TEST_MARK"] == op.mark
+
+
+@pytest.mark.parametrize("model, says", [
+    ("tests.provider.no_such_module:build",
+     "model tests.provider.no_such_module:build: cannot import tests.provider.no_such_module: "
+     "No module named 'tests.provider.no_such_module'"),
+    ("tests.provider.tp_builders:no_such_fn",
+     "model tests.provider.tp_builders:no_such_fn: tests.provider.tp_builders has no function "
+     "'no_such_fn'"),
+    ("tests.provider.tp_builders:not_a_model",
+     "model tests.provider.tp_builders:not_a_model returned dict, not a "
+     "ringflow.models.BuiltModel (loss, feeds, make_batch)"),
+])
+def test_a_model_builder_that_is_missing_or_builds_no_model_fails_before_anything_starts(
+        make, model, says):
+    op = make(model=model)
+    with pytest.raises(RingflowConfigException) as err:
+        op.execute(ctx())
+    assert str(err.value) == f"task 'train': {says}"
+    assert not Path(op.log_dir).exists()          # no spec written, no agent started
+    assert marked(op.mark) == []
+
+
+def test_a_job_too_big_for_this_host_is_refused_naming_estimate_parts_and_memavailable(make):
+    op = make(model_args={"input_size": 65536, "hidden_size": 65536, "num_classes": 4})
+    with pytest.raises(RingflowConfigException) as err:
+        op.execute(ctx())
+    message = str(err.value)
+    # mp 2: each rank holds half of fc1 (65536 x 32768 float32: 8 GiB) and of fc2
+    assert re.search(r"the job does not fit in memory: 2 rank\(s\) per host need [\d.]+ MiB, "
+                     r"[\d.]+ MiB per rank \(parameters 819[2-3]\.\d, gradients 819[2-3]\.\d, "
+                     r"optimizer state 16385\.\d, activations [\d.]+, first-step flat copies "
+                     r"3277\d\.\d, interpreter 40\.0 MiB\); "
+                     rf"host {re.escape(socket.gethostname())} has MemAvailable \d+\.\d MiB "
+                     r"\(/proc/meminfo\)", message), message
+    assert not Path(op.log_dir).exists() and marked(op.mark) == []
+
+
+def test_memory_check_false_starts_a_job_the_estimate_refuses(make):
+    """`phantom` adds 1 TiB the estimate counts and the ranks never allocate."""
+    args = dict(model="tests.provider.tp_builders:phantom", checkpoint_dir=None, steps=2,
+                model_args={"phantom_mib": 1 << 20})
+    with pytest.raises(RingflowConfigException, match="does not fit in memory"):
+        make(**args).execute(ctx(run_id="refused"))
+    op = make(memory_check="False", **args)
+    summary = op.execute(ctx(run_id="unchecked"))
+    assert summary["steps"] == 2
+    assert re.search(r"memory: [\d.]+ MiB per rank \(.*optimizer state 104857\d\.\d.*\); not "
+                     r"checked \(memory_check is False\)", log_text(op))

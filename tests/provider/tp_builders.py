@@ -6,7 +6,8 @@ raises while building, a rank that dies (exit 7) once a checkpoint is complete w
 environment says it is the task's first try (``RF_TEST_TRY=1``, templated from
 ``ti.try_number``), and, on rank 0, a proof that a secret arrived (a digest, never the
 value) and a scan of every process's command line for it while the job runs; with
-``environ_to``, each rank's /proc/<pid>/environ copied to ``<environ_to>.<rank>``."""
+``environ_to``, each rank's /proc/<pid>/environ copied to ``<environ_to>.<rank>``.
+``phantom`` and ``not_a_model`` stand in for a model too big and a builder gone wrong."""
 
 from __future__ import annotations
 
@@ -36,6 +37,24 @@ def build(mp_degree: int, dtype: str, fail_rank: int = -1, secret_var: str = "",
         print(f"secret {secret_var} on command lines: {_on_command_lines(value)}", flush=True)
     sizes = {"input_size": 8, "hidden_size": 16, "num_classes": 4, **kwargs}
     return mlp(mp_degree=mp_degree, dtype=dtype, **sizes)
+
+
+def phantom(mp_degree: int, dtype: str, phantom_mib: int = 0, **kwargs):
+    """The MLP of `build` with a persistable variable of `phantom_mib` MiB that no op reads
+    or writes: the memory estimate counts it as optimizer state, the ranks never allocate
+    it. It stands in for a model too big for this host, which no test can train."""
+    from ringflow.framework.program import default_main_program
+
+    built = build(mp_degree, dtype, **kwargs)
+    default_main_program().global_block().create_var(
+        name="phantom_state", shape=[phantom_mib * (1 << 18)], dtype="float32",
+        persistable=True)
+    return built
+
+
+def not_a_model(mp_degree: int, dtype: str, **kwargs):
+    """A builder that returns something other than a BuiltModel."""
+    return {"loss": None}
 
 
 def _die_when_complete(manifest: Path) -> None:

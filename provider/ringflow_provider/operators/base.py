@@ -85,7 +85,7 @@ class RingflowJobOperator(BaseOperator):
 
     def _job_options(self) -> None:
         """The rendered watch arguments, checked and typed (ValueError naming the bad one)."""
-        self.deferrable = _flag("deferrable", self.deferrable)
+        self.deferrable = flag("deferrable", self.deferrable)
         self.poll_interval = _seconds("poll_interval", self.poll_interval)
         self.lease_timeout = _seconds("lease_timeout", self.lease_timeout, none_ok=True)
         self.on_existing = str(self.on_existing).strip()
@@ -287,7 +287,8 @@ def _templated(value: Any) -> bool:
     return isinstance(value, str) and ("{{" in value or "{%" in value)
 
 
-def _flag(name: str, value: Any) -> bool:
+def flag(name: str, value: Any) -> bool:
+    """A templated true/false argument as a bool (ValueError naming it)."""
     try:
         return _BOOL.validate_python(value.strip() if isinstance(value, str) else value)
     except ValueError:
