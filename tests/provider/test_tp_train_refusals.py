@@ -7,14 +7,18 @@ from __future__ import annotations
 import os
 import re
 import socket
+import uuid
 from pathlib import Path
 
 import pytest
 
+from ringflow.train import memory
 from ringflow_provider.exceptions import RingflowConfigException
 from ringflow_provider.operators.poprun import PopRunOperator
 from ringflow_provider.operators.tp_train import TPTrainOperator
 from ringflow_provider.tp_train.spec import parse_spec
+from tests.provider.conftest import wait_until
+from tests.provider.test_poprun_operator import RecordingLog
 from tests.provider.test_tp_train_operator import ctx, log_text, marked
 from tests.provider.test_tp_train_operator import make as make_fixture  # noqa: F401
 
@@ -122,3 +126,27 @@ def test_memory_check_false_starts_a_job_the_estimate_refuses(make):
     assert summary["steps"] == 2
     assert re.search(r"memory: [\d.]+ MiB per rank \(.*optimizer state 104857\d\.\d.*\); not "
                      r"checked \(memory_check is False\)", log_text(op))
+
+
+@pytest.mark.ssh
+def test_on_hosts_the_preflight_reads_each_hosts_memavailable_over_ssh_and_refuses(
+        ns_hosts, ns_conns):
+    """Two namespace hosts (their own sshd, one kernel: the same MemAvailable): each host is
+    named with the MemAvailable its /proc/meminfo gave over SSH, before any agent starts."""
+    hosts = [h.address for h in list(ns_hosts)[:2]]
+    run = f"hosts-{uuid.uuid4().hex[:8]}"
+    op = TPTrainOperator(task_id="train", hosts=hosts, ssh_conn_id=dict(zip(hosts, ns_conns)),
+                         python="/usr/bin/python3", model="mlp", nproc_per_host=2,
+                         tensor_parallel_degree=2, model_args={
+                             "input_size": 65536, "hidden_size": 65536, "num_classes": 4})
+    op._cached_logger = RecordingLog()
+    with pytest.raises(RingflowConfigException) as err:
+        op.execute(ctx(run_id=run))
+    named = re.findall(r"host (\S+) has MemAvailable (\d+)\.\d MiB", str(err.value))
+    assert [h for h, _ in named] == hosts, str(err.value)
+    here = memory.mem_available() / memory.MIB
+    assert all(abs(int(mib) - here) < 512 for _, mib in named), (named, here)
+    for host in list(ns_hosts)[:2]:   # (the SSH sessions' sshd processes end with them)
+        wait_until(lambda host=host: not host.leftovers(), 20, f"{host.address}: sshd")
+        # no job folder, no spec written: nothing of the job reached the host
+        assert host.sh(f"find ~/.ringflow -path '*{run}*' 2>/dev/null").stdout == ""
