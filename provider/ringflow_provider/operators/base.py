@@ -15,6 +15,7 @@ from pydantic import TypeAdapter
 from ringflow.errors import LaunchError, did_you_mean
 from ringflow_provider.exceptions import (
     RingflowConfigException,
+    RingflowHostNotAllowedException,
     RingflowHostUnreachableException,
     RingflowJobKilledException,
     launch_exception,
@@ -121,6 +122,7 @@ class RingflowJobOperator(BaseOperator):
             self._job_options()
         except ValueError as exc:
             raise RingflowConfigException(f"task {self.task_id!r}: {exc}") from None
+        launcher.check_allowed()  # before anything below connects to a host
         self._launcher = launcher
         if self.deferrable and launcher.name == "local":
             self._check_triggerer_can_see(launcher)
@@ -163,6 +165,8 @@ class RingflowJobOperator(BaseOperator):
         """The triggerer saw the job end (or lost a host): report as the attached path does."""
         handle = JobHandle.from_dict(event["job"])
         self._handle = handle
+        if event.get("status") == "refused":  # a host its connection does not allow
+            raise RingflowHostNotAllowedException(self._secrets.mask(str(event.get("message"))))
         if event.get("status") == "error":  # the triggerer lost a host
             raise RingflowHostUnreachableException(
                 self._secrets.mask(str(event.get("message"))))
