@@ -13,6 +13,7 @@ of the host's MemAvailable."""
 from __future__ import annotations
 
 import contextlib
+import math
 import mmap
 import os
 import struct
@@ -150,7 +151,8 @@ def _mapped(path: str, info: zipfile.ZipInfo) -> np.ndarray:
         if local[:4] != b"PK\x03\x04":
             raise ValueError(f"member {info.filename!r}: no local file header")
         name_len, extra_len = struct.unpack("<HH", local[26:30])
-        f.seek(info.header_offset + 30 + name_len + extra_len)
+        start = info.header_offset + 30 + name_len + extra_len
+        f.seek(start)
         version = np.lib.format.read_magic(f)
         read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
                        else np.lib.format.read_array_header_2_0)
@@ -158,6 +160,9 @@ def _mapped(path: str, info: zipfile.ZipInfo) -> np.ndarray:
         offset = f.tell()
     if dtype.hasobject:
         raise ValueError(f"member {info.filename!r} holds Python objects")
+    if offset - start + dtype.itemsize * math.prod(shape) > info.file_size:
+        raise ValueError(f"member {info.filename!r} is shorter than its array "
+                         f"{dtype.name}{list(shape)}")
     if not shape or 0 in shape:  # np.memmap cannot map zero bytes
         return np.zeros(shape, dtype)
     mapped = np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=shape,

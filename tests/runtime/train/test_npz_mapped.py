@@ -90,3 +90,15 @@ def test_a_compressed_member_is_read_whole_when_it_fits_and_refused_when_not(tmp
         f"data {str(path)!r}: array 'x' is stored compressed and takes 0.0 MiB once read, "
         f"more than this rank may hold (0.0 MiB: MemAvailable over the ranks of this host); "
         f"store it uncompressed (np.savez, not np.savez_compressed) and it is memory-mapped")
+
+
+def test_a_stored_member_shorter_than_its_header_says_is_refused(tmp_path):
+    """The header of x claims 11 rows where the member holds 10: mapping it would read the
+    next member's bytes as rows."""
+    path = tmp_path / "short.npz"
+    np.savez(path, x=np.zeros((10, 4), np.float32), y=np.zeros(10, np.int64))
+    raw = path.read_bytes()
+    path.write_bytes(raw.replace(b"'shape': (10, 4)", b"'shape': (11, 4)", 1))
+    with pytest.raises(ConfigError, match=r"member 'x.npy' is shorter than its array "
+                                          r"float32\[11, 4\]"):
+        open_npz(str(path), feeds_of(4), seed=0, global_batch_size=4)
