@@ -55,3 +55,13 @@ def gathered(what: str, problems: Sequence[LaunchError | str]) -> LaunchError:
         if problems and all(isinstance(p, kind) for p in problems):
             return kind(text)
     return LaunchError(text)
+
+
+def did_you_mean(name: object, known: Sequence[str]) -> str:
+    """`` (did you mean 'steps'?)`` for a misspelt name (``stpes``), the nearest of `known`
+    (difflib's ratio >= 0.6); "" when none is near. The job spec, model and optimizer
+    arguments and the operators' own arguments all suggest names with it."""
+    import difflib
+
+    close = difflib.get_close_matches(str(name), list(known), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""

@@ -155,7 +155,9 @@ def _import_builder(target: str):
     return builder
 
 
-def build_job(spec: JobSpec, layout: Layout) -> Job:
+def build_programs(spec: JobSpec):
+    """(main, startup, model, optimizer) of this rank: the model built and fleet's
+    meta-optimizers applied, with the role fleet was given (``read_layout``)."""
     from ..distributed import fleet
     from ..framework.program import Program, program_guard
 
@@ -167,8 +169,14 @@ def build_job(spec: JobSpec, layout: Layout) -> Job:
         checkpoints = recompute_checkpoints(spec, model)
         if checkpoints is not None:
             # the checkpoints are named by the model just built: the strategy is complete now
-            fleet.init(is_collective=True, strategy=_strategy(spec, checkpoints))
+            role = fleet._role_maker()
+            fleet.init(role, is_collective=True, strategy=_strategy(spec, checkpoints))
         fleet.distributed_optimizer(optimizer).minimize(model.loss)
+    return main, startup, model, optimizer
+
+
+def build_job(spec: JobSpec, layout: Layout) -> Job:
+    main, startup, model, optimizer = build_programs(spec)
     if spec.data == "synthetic":
         data: SyntheticData | NpzData = SyntheticData(model.make_batch, spec.seed,
                                                       spec.global_batch_size)

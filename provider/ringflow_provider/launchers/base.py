@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar, TypeVar
 
-from ringflow.errors import FolderError, LaunchError, gathered
+from ringflow.errors import ConfigError, FolderError, LaunchError, gathered
 from ringflow.launch import jobdir
 from ringflow.launch.exits import FOLDER_REFUSED_EXIT
 from ringflow.launch.supervisor import ENV_KEY, FINAL_PREFIX, MASK_KEY, STARTED_PREFIX
@@ -150,6 +150,21 @@ class Launcher:
     def run(self, host: str, command: str, timeout: float = COMMAND_TIMEOUT_S,
             stdin: str = "") -> tuple[int, str, str]:
         return self.shell(host).run(command, timeout, stdin)
+
+    def mem_available(self) -> dict[str, int]:
+        """Each host's MemAvailable in bytes (its /proc/meminfo), read on all at once."""
+        from ringflow.train.memory import parse_meminfo  # numpy: not for the triggerer
+
+        def read(host: str) -> int:
+            code, out, err = self.run(host, commands.meminfo_command())
+            try:
+                if code != 0:
+                    raise ConfigError(err.strip() or f"exit {code}")
+                return parse_meminfo(out)
+            except ConfigError as exc:
+                raise LaunchError(f"host {host!r}: cannot read /proc/meminfo: {exc}") from None
+
+        return self.on_every_host(read, "reading the hosts' MemAvailable")
 
     def put_file(self, host: str, path: str, text: str) -> None:
         """Write `text` to `path` on `host` (its folder made), 0600."""

@@ -196,6 +196,10 @@ def find_executable_command(executable: str) -> str:
     return _script(f"command -v -- {shlex.quote(executable)}")
 
 
+def meminfo_command() -> str:
+    return _script("cat /proc/meminfo")
+
+
 def home_command() -> str:
     return _script('printf %s "$HOME"')
 
