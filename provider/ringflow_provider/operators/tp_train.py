@@ -307,9 +307,10 @@ class TPTrainOperator(RingflowJobOperator):
         spec, nproc = plan["spec"], plan["nproc"]
         task = TaskKey.from_ti(context["ti"])
         self._log_plan(spec, nproc, plan, task)
+        # a job that cannot fit is refused before any folder is made on a host
+        self._check_memory(launcher, plan)
         launcher.prepare(numpy=True, writable={"log_dir": plan["log_dir"],
                                                "checkpoint_dir": spec.checkpoint_dir})
-        self._check_memory(launcher, plan)
         launcher.stop_earlier(task, f"try {task.try_number} starts the job again")
         self._raise_if_killed()
         port = plan["base_port"] or launcher.free_base_port(nproc)
