@@ -30,6 +30,7 @@ from typing import Any
 
 from ringflow.distributed import meta_optimizers
 from ringflow.distributed.collective import api as collective
+from ringflow.distributed.hybrid import apply_hybrid, hybrid_degrees
 from ringflow.distributed.meta_optimizers.base import MetaOptimizerBase
 from ringflow.distributed.meta_optimizers.compiler import MetaOptimizerFactory, StrategyCompiler
 from ringflow.distributed.role_maker import (
@@ -49,6 +50,8 @@ __all__ = [
 ]
 
 log = logging.getLogger("ringflow.distributed")
+# the option names fleet has warned about in this process (one warning per job)
+_warned_without_effect: set[str] = set()
 
 
 class DistributedOptimizer:
@@ -67,6 +70,9 @@ class DistributedOptimizer:
 
     def minimize(self, loss, startup_program=None, parameter_list=None, no_grad_set=None):
         strategy = copy.deepcopy(self.user_defined_strategy)  # the user's stays as given
+        _check_world(strategy, self._role_maker)
+        apply_hybrid(strategy, self._role_maker._worker_num())
+        _warn_without_effect(strategy, self._role_maker)
         context: dict[str, Any] = {"user_defined_strategy": strategy,
                                    "user_defined_optimizer": self.user_defined_optimizer,
                                    "role_maker": self._role_maker}
@@ -131,6 +137,28 @@ class DistributedOptimizer:
         return self._context.get("valid_strategy")
 
 
+def _check_world(strategy: DistributedStrategy, role_maker: RoleMakerBase) -> None:
+    """What the strategy asks that this world cannot run, as a ConfigError: pipeline
+    parallelism over several ranks, hybrid degrees whose product is not the world."""
+    world = role_maker._worker_num()
+    if strategy.pipeline and world > 1:
+        raise ConfigError(f"strategy.pipeline=True with {world} ranks: pipeline parallelism is "
+                          "not supported by ringflow (tensor parallelism, data parallelism "
+                          "and sharding are)")
+    hybrid_degrees(strategy, world)
+
+
+def _warn_without_effect(strategy: DistributedStrategy, role_maker: RoleMakerBase) -> None:
+    """One warning (rank 0, once per process) naming each option set to a value other
+    than its default that ringflow gives no effect."""
+    names = [n for n in strategy._set_without_effect() if n not in _warned_without_effect]
+    if not names or role_maker._worker_index() != 0:
+        return
+    _warned_without_effect.update(names)
+    log.warning("[rank 0] fleet: DistributedStrategy options set that have no effect in "
+                "ringflow (accepted for Paddle compatibility): %s", ", ".join(names))
+
+
 def _valid_strategy(strategy: DistributedStrategy,
                     left_out: list[MetaOptimizerBase]) -> DistributedStrategy:
     """A copy of ``strategy`` with the feature of every candidate left out (not applicable
@@ -164,6 +192,8 @@ class Fleet:
             raise ConfigError(f"fleet.init: role_maker must be a role maker such as "
                               f"PaddleCloudRoleMaker, got {type(role_maker).__name__}")
         role_maker._generate_role()  # a bad env fails here, not at minimize
+        if strategy is not None:
+            _check_world(strategy, role_maker)
         self._role_maker = role_maker
         self._is_collective = role_maker._is_collective
         self._user_defined_strategy = copy.deepcopy(strategy)
