@@ -31,6 +31,7 @@ from typing import Any
 from ringflow.distributed import meta_optimizers
 from ringflow.distributed.collective import api as collective
 from ringflow.distributed.hybrid import apply_hybrid, hybrid_degrees
+from ringflow.distributed.meta_optimizers import gradient_merge
 from ringflow.distributed.meta_optimizers.base import MetaOptimizerBase
 from ringflow.distributed.meta_optimizers.compiler import MetaOptimizerFactory, StrategyCompiler
 from ringflow.distributed.role_maker import (
@@ -41,7 +42,7 @@ from ringflow.distributed.role_maker import (
 )
 from ringflow.distributed.strategy import DistributedStrategy
 from ringflow.errors import ConfigError
-from ringflow.framework.program import program_guard
+from ringflow.framework.program import default_startup_program, program_guard
 
 __all__ = [
     "DistributedStrategy", "Fleet", "PaddleCloudRoleMaker", "Role", "UserDefinedRoleMaker",
@@ -73,6 +74,8 @@ class DistributedOptimizer:
         _check_world(strategy, self._role_maker)
         apply_hybrid(strategy, self._role_maker._worker_num())
         _warn_without_effect(strategy, self._role_maker)
+        merge_steps = gradient_merge.check_strategy(strategy) \
+            if self._role_maker._is_collective else 0
         context: dict[str, Any] = {"user_defined_strategy": strategy,
                                    "user_defined_optimizer": self.user_defined_optimizer,
                                    "role_maker": self._role_maker}
@@ -90,13 +93,20 @@ class DistributedOptimizer:
         chosen = compiler._meta_optimizers + compiler._graph_optimizers
         context["valid_strategy"] = _valid_strategy(
             strategy, [opt for opt in candidates if not any(opt is c for c in chosen)])
-        context["applied_meta_list"] = compiler._get_applied_meta_list()
+        context["applied_meta_list"] = ["GradientMergeOptimizer"] * bool(merge_steps) \
+            + compiler._get_applied_meta_list()
         context["applied_graph_list"] = compiler._get_applied_graph_list()
         self._context = context
         log.info("[rank %d] fleet: applied meta optimizers %s; strategy: %s",
                  self._role_maker._worker_index(), context["applied_meta_list"],
                  ", ".join(context["valid_strategy"]._settings()) or "all defaults")
-        return self._run(meta, graph, loss, startup_program, parameter_list, no_grad_set)
+        result = self._run(meta, graph, loss, startup_program, parameter_list, no_grad_set)
+        if merge_steps:
+            startup = startup_program if startup_program is not None \
+                else default_startup_program()
+            gradient_merge.apply(loss.block.program.global_block(), startup.global_block(),
+                                 merge_steps, strategy.gradient_merge_configs["avg"])
+        return result
 
     def _recall(self, candidates: list[MetaOptimizerBase], loss, strategy: DistributedStrategy,
                 ) -> tuple[list[MetaOptimizerBase], list[MetaOptimizerBase]]:

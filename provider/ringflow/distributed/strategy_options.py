@@ -138,7 +138,7 @@ EFFECTIVE = frozenset({
     "amp", "amp_configs", "recompute", "recompute_configs", "lars", "lars_configs", "lamb",
     "lamb_configs", "auto", "tensor_parallel", "tensor_parallel_configs", "sharding",
     "sharding_configs", "hybrid_configs", "fuse_all_reduce_ops", "fuse_grad_size_in_MB",
-    "pipeline", "build_strategy",
+    "pipeline", "build_strategy", "gradient_merge", "gradient_merge_configs",
 })
 
 # Lower bounds where a smaller value has no meaning (Paddle checks none of them; a degree of 0
