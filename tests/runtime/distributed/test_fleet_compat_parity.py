@@ -14,8 +14,7 @@ import pytest
 import ringflow as rf
 from tests.runtime.distributed.fleet_compat_cases import CONFIGS, cases
 from tests.runtime.distributed.test_tensor_parallel_parity import _gathered
-from tests.runtime.distributed.tp_cases import GLOBAL_BATCH, SEED, STEPS, TOLERANCE, \
-    build_programs
+from tests.runtime.distributed.tp_cases import GLOBAL_BATCH, SEED, STEPS, TOLERANCE, build_programs
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
 ENV = {"RINGFLOW_COMM_TIMEOUT": "60", "RINGFLOW_RENDEZVOUS_TIMEOUT": "60"}
@@ -73,7 +72,7 @@ def _ids(pair) -> str:
 
 @pytest.mark.parametrize("config, case", PAIRS, ids=[_ids(p) for p in PAIRS])
 def test_the_strategy_runs_the_meta_optimizers_its_degrees_ask_for(parallel, config, case):
-    world, mp = config
+    _, mp = config
     for rank in parallel(config):
         assert rank[f"{case.key}|applied"].tolist() == APPLIED[case.form][min(mp, 2)]
 
@@ -82,7 +81,7 @@ def test_the_strategy_runs_the_meta_optimizers_its_degrees_ask_for(parallel, con
 def test_per_step_losses_equal_one_process(serial, parallel, config, case):
     """The loss of a step is the mean of its micro-steps' losses over the data-parallel
     ranks (equal rows each; the parameters do not change between micro-steps)."""
-    world, mp = config
+    _, mp = config
     ranks = parallel(config)
     per_rank = np.array([r[f"{case.key}|loss"] for r in ranks])   # rank x step x micro
     losses = per_rank[::mp].mean(axis=(0, 2))

@@ -26,8 +26,7 @@ from __future__ import annotations
 from ...amp.decorator import skip_update_when
 from ...errors import ConfigError
 from ...framework.program import Block
-from ...framework.roles import OP_ROLE_KEY, OP_ROLE_VAR_KEY, OpRole, is_backward_op, \
-    is_optimizer_op
+from ...framework.roles import OP_ROLE_KEY, OP_ROLE_VAR_KEY, OpRole, is_backward_op, is_optimizer_op
 
 MERGE_SUFFIX = "@GradientMerge"
 STEP_NAME = "gradient_merge_step"
