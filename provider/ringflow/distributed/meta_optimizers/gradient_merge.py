@@ -16,6 +16,9 @@ all-reduced gradients is the all-reduce of their sum). The rewrite of the main p
     skip_update_end          skip: put it back (parameters and moments untouched)
     gradient_merge_clear     not skip: g@GradientMerge = 0
 
+The program's ``runs_per_step`` becomes k: the executor steps an LR scheduler once per k
+runs, so every micro-step of a step uses that step's rate.
+
 Paddle runs the optimizer section inside a conditional block; ringflow's programs have no
 control flow, so the section runs every micro-step and its writes are undone on the k-1
 that do not apply (a copy of the optimizer state per skipped micro-step).
@@ -78,6 +81,7 @@ def apply(main_block: Block, startup_block: Block, k_steps: int, avg: bool) -> l
                 _rename_role_var(op, grad, merged.name)
         accumulators.append(acc)
     skip_update_when(main_block, section, skip)
+    main_block.program.runs_per_step = k_steps   # the learning rate moves once per step
     main_block.append_op("gradient_merge_clear", inputs={"X": accumulators, "Skip": [skip]},
                          outputs={"Out": accumulators}, attrs=role)
     return grads
