@@ -108,6 +108,9 @@ class TPTrainOperator(RingflowJobOperator):
     :param sharding_stage: shard the optimizer state (1) and the gradients too (2) over the
         data-parallel ranks (fleet's sharding, ZeRO stages 1 and 2); 0 (default): every
         data-parallel rank holds all of it (templated)
+    :param gradient_accumulation_steps: micro-batches per step: each rank runs its share of
+        the global batch in this many parts and the optimizer applies their mean gradient
+        once (fleet's gradient_merge); default 1 (templated)
 
     How it runs:
 
@@ -173,7 +176,8 @@ class TPTrainOperator(RingflowJobOperator):
                  checkpoint_dir: str | None = _DEFAULT, checkpoint_every: int | str = 100,
                  resume: bool | str = True, amp: bool | str = False,
                  recompute: bool | list[str] | str = False,
-                 sharding_stage: int | str = 0, nproc_per_host: int | str = 2,
+                 sharding_stage: int | str = 0,
+                 gradient_accumulation_steps: int | str = 1, nproc_per_host: int | str = 2,
                  log_dir: str | None = None, extra_env: dict | str | None = None,
                  secret_env: dict | str | None = None, hosts: list[str] | str | None = None,
                  ssh_conn_id: str | dict = MultiHostSSHHook.default_conn_name,
@@ -196,6 +200,7 @@ class TPTrainOperator(RingflowJobOperator):
         self.checkpoint_dir, self.checkpoint_every, self.resume = (
             checkpoint_dir, checkpoint_every, resume)
         self.amp, self.recompute, self.sharding_stage = amp, recompute, sharding_stage
+        self.gradient_accumulation_steps = gradient_accumulation_steps
         self.nproc_per_host, self.log_dir = nproc_per_host, log_dir
         self.extra_env, self.secret_env = extra_env or {}, secret_env or {}
         self.hosts, self.ssh_conn_id, self.python = hosts, ssh_conn_id, python
