@@ -415,4 +415,4 @@ def _program_and_strategy(program: Any) -> tuple[Program, BuildStrategy]:
         return default_main_program(), DEFAULT_BUILD_STRATEGY
     if isinstance(program, CompiledProgram):
         return program.program, program.build_strategy
-    return program, DEFAULT_BUILD_STRATEGY
+    return program, program.build_strategy or DEFAULT_BUILD_STRATEGY

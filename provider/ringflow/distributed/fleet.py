@@ -28,6 +28,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from ringflow.compiler.build_strategy import DEFAULT_BUILD_STRATEGY
 from ringflow.distributed import meta_optimizers
 from ringflow.distributed.collective import api as collective
 from ringflow.distributed.hybrid import apply_hybrid, hybrid_degrees
@@ -101,6 +102,9 @@ class DistributedOptimizer:
                  self._role_maker._worker_index(), context["applied_meta_list"],
                  ", ".join(context["valid_strategy"]._settings()) or "all defaults")
         result = self._run(meta, graph, loss, startup_program, parameter_list, no_grad_set)
+        build_strategy = strategy._effective_build_strategy()
+        if build_strategy != DEFAULT_BUILD_STRATEGY:
+            loss.block.program.build_strategy = build_strategy
         if merge_steps:
             startup = startup_program if startup_program is not None \
                 else default_startup_program()

@@ -5,6 +5,7 @@ ringflow gives no effect are accepted and kept; fleet warns once naming the ones
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import numbers
 from pathlib import Path
@@ -245,6 +246,16 @@ class DistributedStrategy:
         if self.sharding and self._was_given("sharding_configs", "mp_degree"):
             return int(self._values["sharding_configs"]["mp_degree"])
         return None
+
+    def _effective_build_strategy(self) -> BuildStrategy:
+        """``build_strategy`` with this strategy's ``fuse_all_reduce_ops`` and
+        ``fuse_grad_size_in_MB`` where they differ from their defaults."""
+        changes: dict[str, Any] = {}
+        if self.fuse_all_reduce_ops is not table.OPTIONS["fuse_all_reduce_ops"]:
+            changes["fuse_all_reduce_ops"] = self.fuse_all_reduce_ops
+        if self.fuse_grad_size_in_MB != table.OPTIONS["fuse_grad_size_in_MB"]:
+            changes["fuse_grad_size_in_MB"] = float(self.fuse_grad_size_in_MB)
+        return dataclasses.replace(self._build_strategy, **changes)
 
     def _is_strict_auto(self) -> bool:
         """True when ``auto`` is on and no other option was ever set (Paddle's rule)."""

@@ -131,7 +131,7 @@ class ShardingOptimizer(MetaOptimizerBase):
 
     def _shard_main(self, block, sblock, shard_rank: int, params_grads) -> None:
         ring, mp_ring = self.sharding_ring_id, self.mp_ring_id
-        passes.insert_loss_grad_scale(block, self.sharding_degree)
+        passes.insert_loss_grad_scale(block, self.sharding_degree, self._scale_strategy())
         order = sp.reduced_grads(block)
         weights = [_nbytes(block.var(p)) for _, p, _ in order]
         self.owners = dict(zip([p for _, p, _ in order],
