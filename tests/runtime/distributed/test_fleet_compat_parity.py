@@ -98,3 +98,25 @@ def test_final_parameters_equal_one_process_and_replicas_are_identical(
         for replica in replicas[1:]:
             np.testing.assert_array_equal(replica, replicas[0], err_msg=name)
         np.testing.assert_allclose(replicas[0], whole, err_msg=name, **TOLERANCE[case.dtype])
+
+
+@pytest.mark.parametrize("find_unused", ["0", "1"])
+def test_a_parameter_without_gradient_does_not_hang_data_parallel_training(tmp_path,
+                                                                           find_unused):
+    """find_unused_parameters either way: a parameter the loss does not use has no gradient
+    on any rank, so no all-reduce waits for it; the job ends, the parameter keeps its start
+    value and the replicas agree."""
+    from tests.runtime.distributed.spawn import Spawner
+
+    spawner = Spawner(tmp_path)
+    try:
+        job = spawner("unused_param.py", 2, args=[find_unused], env=ENV,
+                      hosts=["127.0.0.1", "127.0.0.2"])
+        assert job.wait(timeout=120) == [0, 0], job.output()
+    finally:
+        spawner.close()
+    ranks = [dict(np.load(tmp_path / f"rank{r}.npz")) for r in range(2)]
+    for rank in ranks:
+        np.testing.assert_array_equal(rank["unused"], rank["start"])
+    np.testing.assert_array_equal(ranks[0]["used"], ranks[1]["used"])
+    np.testing.assert_array_equal(ranks[0]["unused"], ranks[1]["unused"])
