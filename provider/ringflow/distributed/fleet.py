@@ -32,7 +32,7 @@ from ringflow.compiler.build_strategy import DEFAULT_BUILD_STRATEGY
 from ringflow.distributed import meta_optimizers
 from ringflow.distributed.collective import api as collective
 from ringflow.distributed.hybrid import apply_hybrid, hybrid_degrees
-from ringflow.distributed.meta_optimizers import gradient_merge
+from ringflow.distributed.meta_optimizers import fp16_allreduce, gradient_merge
 from ringflow.distributed.meta_optimizers.base import MetaOptimizerBase
 from ringflow.distributed.meta_optimizers.compiler import MetaOptimizerFactory, StrategyCompiler
 from ringflow.distributed.role_maker import (
@@ -77,6 +77,7 @@ class DistributedOptimizer:
         _warn_without_effect(strategy, self._role_maker)
         merge_steps = gradient_merge.check_strategy(strategy) \
             if self._role_maker._is_collective else 0
+        half_allreduce = fp16_allreduce.check_strategy(strategy)
         context: dict[str, Any] = {"user_defined_strategy": strategy,
                                    "user_defined_optimizer": self.user_defined_optimizer,
                                    "role_maker": self._role_maker}
@@ -105,6 +106,8 @@ class DistributedOptimizer:
         build_strategy = strategy._effective_build_strategy()
         if build_strategy != DEFAULT_BUILD_STRATEGY:
             loss.block.program.build_strategy = build_strategy
+        if half_allreduce:
+            fp16_allreduce.apply(loss.block.program.global_block())
         if merge_steps:
             startup = startup_program if startup_program is not None \
                 else default_startup_program()

@@ -139,7 +139,7 @@ EFFECTIVE = frozenset({
     "lamb_configs", "auto", "tensor_parallel", "tensor_parallel_configs", "sharding",
     "sharding_configs", "hybrid_configs", "fuse_all_reduce_ops", "fuse_grad_size_in_MB",
     "pipeline", "build_strategy", "gradient_merge", "gradient_merge_configs",
-    "gradient_scale_configs", "find_unused_parameters",
+    "gradient_scale_configs", "find_unused_parameters", "fp16_allreduce",
 })
 
 # Lower bounds where a smaller value has no meaning (Paddle checks none of them; a degree of 0

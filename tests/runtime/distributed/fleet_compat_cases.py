@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ringflow.distributed import fleet
-from tests.runtime.distributed.tp_cases import GLOBAL_BATCH, Case
+from tests.runtime.distributed.tp_cases import AMP_TOLERANCE, GLOBAL_BATCH, Case
 
 CONFIGS = [(2, 1), (2, 2), (4, 2)]
 K = 2   # gradient merge micro-steps per step
@@ -22,14 +22,17 @@ K = 2   # gradient merge micro-steps per step
 @dataclass(frozen=True)
 class CompatCase(Case):
     """A tp_cases.Case whose degrees come from hybrid_configs; ``form`` "hybrid" (dp x mp),
-    "sharding" (sharding_degree = dp) or "merge" (hybrid with gradient_merge of K steps,
-    avg)."""
+    "sharding" (sharding_degree = dp), "merge" (hybrid with gradient_merge of K steps,
+    avg) or "fp16" (hybrid with fp16_allreduce: within float16 rounding of float32)."""
 
     form: str = "hybrid"
 
     @property
     def key(self) -> str:
         return f"{super().key}-{self.form}"
+
+    def tolerance(self, what: str) -> dict:
+        return AMP_TOLERANCE[what] if self.form == "fp16" else super().tolerance(what)
 
     @property
     def micro_steps(self) -> int:
@@ -43,6 +46,8 @@ class CompatCase(Case):
         else:
             strategy.hybrid_configs = {"dp_degree": world // mp, "mp_degree": mp,
                                        "pp_degree": 1}
+        if self.form == "fp16":
+            strategy.fp16_allreduce = True
         if self.form == "merge":
             strategy.gradient_merge = True
             strategy.gradient_merge_configs = {"k_steps": K, "avg": True}
@@ -52,13 +57,14 @@ class CompatCase(Case):
 CASES = [CompatCase("mlp", "adam", "float64"), CompatCase("mlp", "sgd", "float64", form="merge"),
          CompatCase("mlp", "adam", "float64", form="merge"),
          CompatCase("transformer", "adam", "float64", form="merge"),
-         CompatCase("mlp", "adam", "float64", form="sharding")]
+         CompatCase("mlp", "adam", "float64", form="sharding"),
+         CompatCase("mlp", "sgd", "float32", form="fp16")]
 
 
 def cases(world: int, mp: int) -> list[CompatCase]:
-    """The cases a configuration trains (sharding only where there are data-parallel
-    ranks to shard over)."""
-    return [c for c in CASES if c.form != "sharding" or world // mp > 1]
+    """The cases a configuration trains (sharding and fp16 all-reduces only where there are
+    data-parallel ranks)."""
+    return [c for c in CASES if c.form not in ("sharding", "fp16") or world // mp > 1]
 
 
 def micro_rows(micro: int, dp_rank: int, dp: int, micro_steps: int) -> slice:

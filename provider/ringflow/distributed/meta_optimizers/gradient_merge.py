@@ -55,7 +55,7 @@ def apply(main_block: Block, startup_block: Block, k_steps: int, avg: bool) -> l
     if not section:
         raise ConfigError("gradient_merge: the main program has no optimizer ops")
     first = section[0]
-    grads = _param_grads(main_block)
+    grads = param_grads(main_block)
     role = {OP_ROLE_KEY: int(OpRole.Optimize)}
     step = _persistable(main_block, startup_block, STEP_NAME, (1,), "int64")
     skip = main_block.create_var(name=main_block.program.unique_name("gradient_merge_skip"),
@@ -87,7 +87,7 @@ def apply(main_block: Block, startup_block: Block, k_steps: int, avg: bool) -> l
     return grads
 
 
-def _param_grads(block: Block) -> list[str]:
+def param_grads(block: Block) -> list[str]:
     """The parameter gradients the backward pass writes (from ``op_role_var``), in order."""
     grads: list[str] = []
     for op in block.ops:

@@ -2,7 +2,8 @@
 needed): gradient_scale_configs' scale_strategy (avg scales the loss gradient by 1/dp; sum
 and customized do not), build_strategy and the fusion options (the BuildStrategy the
 executor runs fleet's main program with), gradient_merge (its ops, and the ConfigErrors of
-what it does not combine with)."""
+what it does not combine with), fp16_allreduce (the casts around each gradient all-reduce;
+its results: test_fleet_compat_parity.py)."""
 
 from __future__ import annotations
 
@@ -105,4 +106,38 @@ def test_gradient_merge_with_sharding_or_amp_is_a_config_error(other):
     s.gradient_merge_configs = {"k_steps": 2}
     setattr(s, other, True)
     with pytest.raises(ConfigError, match=f"gradient_merge with {other} is not supported"):
+        _minimize(s)
+
+
+@pytest.mark.parametrize("tensor_parallel", [False, True])
+def test_fp16_allreduce_moves_each_float32_gradient_as_float16(tensor_parallel):
+    s = DistributedStrategy()
+    s.fp16_allreduce = True
+    s.tensor_parallel = tensor_parallel
+    fleet.init(role_maker=UserDefinedRoleMaker(
+        is_collective=True, current_id=0, worker_endpoints=["10.0.0.1:6170", "10.0.0.2:6170"]))
+    main, startup = rf.Program(), rf.Program()
+    with rf.program_guard(main, startup):
+        x = rf.data("x", shape=[-1, 4], dtype="float32")
+        loss = rf.nn.mean(rf.nn.fc(x, 3))
+        fleet.distributed_optimizer(rf.optimizer.SGD(0.1), s).minimize(loss)
+    block = main.global_block()
+    allreduces = [op for op in block.ops if op.type == "c_allreduce_sum"]
+    assert len(allreduces) == 2
+    for op in allreduces:
+        half = op.input("X")[0]
+        assert half.endswith("@GRAD@FP16") and block.var(half).dtype == "float16"
+        i = block.index_of(op)
+        before, after = block.ops[i - 1], block.ops[i + 1]
+        assert (before.type, before.input("X"), before.output("Out")) == (
+            "cast", [half.removesuffix("@FP16")], [half])
+        assert (after.type, after.input("X"), after.output("Out")) == (
+            "cast", [half], [half.removesuffix("@FP16")])
+
+
+def test_fp16_allreduce_with_sharding_is_a_config_error():
+    s = DistributedStrategy()
+    s.fp16_allreduce = True
+    s.sharding = True
+    with pytest.raises(ConfigError, match="fp16_allreduce with sharding is not supported"):
         _minimize(s)
