@@ -1,8 +1,8 @@
 """Worker: train the cases of fleet_compat_cases with tensor-parallel degree argv[1] (set
-through hybrid_configs), the sharding ones (argv[2] "sharding") or the others, and write, per case, this rank's loss of each micro-step and each
-parameter after the last step to rank<N>.npz (keys ``<case>|loss`` (steps x micro-steps),
-``<case>|final|<param>``, ``<case>|axis|<param>``) and the meta-optimizers applied
-(``<case>|applied``)."""
+through hybrid_configs), the sharding ones (argv[2] "sharding") or the others, and write,
+per case, this rank's loss of each micro-step and each parameter after the last step to
+rank<N>.npz (keys ``<case>|loss`` (steps x micro-steps), ``<case>|final|<param>``,
+``<case>|axis|<param>``) and the meta-optimizers applied (``<case>|applied``)."""
 
 from __future__ import annotations
 
