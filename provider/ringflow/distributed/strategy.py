@@ -100,6 +100,28 @@ def _merged(current: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _hybrid_extras(configs: Any) -> tuple[Any, dict[str, list[str]]]:
+    """A hybrid_configs assignment without ``order`` and ``mp_configs.sync_param_name``
+    (which set ``hybrid_parallel_order`` and ``sync_param_name``, as Paddle's setter does),
+    and those two attributes' checked values."""
+    if not isinstance(configs, dict):
+        return configs, {}
+    configs, extras = copy.deepcopy(configs), {}
+    if "order" in configs:
+        order = configs.pop("order")
+        if not (isinstance(order, (list, tuple)) and sorted(order) == sorted(set(order))
+                and set(order) <= set(table.HYBRID_ORDER)):
+            raise ConfigValueError(f"hybrid_configs['order'] must list distinct axes of "
+                                   f"{', '.join(table.HYBRID_ORDER)}, got {order!r}")
+        extras["hybrid_parallel_order"] = list(order)
+    mp = configs.get("mp_configs")
+    if isinstance(mp, dict) and "sync_param_name" in mp:
+        extras["sync_param_name"] = _checked(
+            "hybrid_configs['mp_configs']['sync_param_name']", "hybrid_configs", table.STRS,
+            mp.pop("sync_param_name"))
+    return configs, extras
+
+
 def _option_names() -> list[str]:
     return [*table.OPTIONS, *table.FREE_FORM, table.BUILD_STRATEGY]
 
@@ -172,9 +194,11 @@ class DistributedStrategy:
 
     # -- setting ------------------------------------------------------------------------
     def _set(self, name: str, value: Any) -> None:
+        extras: dict[str, list[str]] = {}
         if name == "hybrid_configs":
-            value = self._hybrid_extras(value)
+            value, extras = _hybrid_extras(value)
         checked = self._checked(name, value)
+        self.__dict__.update(extras)   # only once the whole assignment is valid
         if isinstance(checked, dict):
             self._values[name] = _merged(self._values[name], checked)
             self._given[name].update(checked)
@@ -194,26 +218,6 @@ class DistributedStrategy:
         if name == "last_comm_group_size_MB" and checked <= 0:
             raise ConfigValueError(f"last_comm_group_size_MB must be > 0, got {value!r}")
         return checked
-
-    def _hybrid_extras(self, configs: Any) -> Any:
-        """``order`` and ``mp_configs.sync_param_name`` out of a hybrid_configs assignment
-        (checked and stored first, as Paddle's setter does); the rest is a message."""
-        if not isinstance(configs, dict):
-            return configs
-        configs = copy.deepcopy(configs)
-        if "order" in configs:
-            order = configs.pop("order")
-            if not (isinstance(order, (list, tuple)) and sorted(order) == sorted(set(order))
-                    and set(order) <= set(table.HYBRID_ORDER)):
-                raise ConfigValueError(f"hybrid_configs['order'] must list distinct axes of "
-                                       f"{', '.join(table.HYBRID_ORDER)}, got {order!r}")
-            self.hybrid_parallel_order = list(order)
-        mp = configs.get("mp_configs")
-        if isinstance(mp, dict) and "sync_param_name" in mp:
-            names = mp.pop("sync_param_name")
-            self.sync_param_name = _checked("hybrid_configs['mp_configs']['sync_param_name']",
-                                            "hybrid_configs", table.STRS, names)
-        return configs
 
     @property
     def build_strategy(self) -> BuildStrategy:

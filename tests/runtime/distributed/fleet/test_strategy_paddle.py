@@ -664,3 +664,10 @@ def test_pipeline_over_several_ranks_is_a_config_error_at_minimize():
     s.pipeline = True
     with pytest.raises(ConfigError, match="pipeline parallelism is not supported"):
         _minimize(s)
+
+
+def test_a_refused_hybrid_configs_assignment_leaves_the_order_too():
+    s = DistributedStrategy()
+    with pytest.raises(ConfigError):
+        s.hybrid_configs = {"order": ["mp", "dp"], "dp_degree": "two"}
+    assert s.hybrid_parallel_order == ["dp", "pp", "sharding", "sep", "cp", "mp"]
