@@ -103,16 +103,9 @@ class DistributedOptimizer:
                  self._role_maker._worker_index(), context["applied_meta_list"],
                  ", ".join(context["valid_strategy"]._settings()) or "all defaults")
         result = self._run(meta, graph, loss, startup_program, parameter_list, no_grad_set)
-        build_strategy = strategy._effective_build_strategy()
-        if build_strategy != DEFAULT_BUILD_STRATEGY:
-            loss.block.program.build_strategy = build_strategy
-        if half_allreduce:
-            fp16_allreduce.apply(loss.block.program.global_block())
-        if merge_steps:
-            startup = startup_program if startup_program is not None \
-                else default_startup_program()
-            gradient_merge.apply(loss.block.program.global_block(), startup.global_block(),
-                                 merge_steps, strategy.gradient_merge_configs["avg"])
+        startup = startup_program if startup_program is not None \
+            else default_startup_program()
+        _after_chain(strategy, loss.block.program, startup, merge_steps, half_allreduce)
         return result
 
     def _recall(self, candidates: list[MetaOptimizerBase], loss, strategy: DistributedStrategy,
@@ -152,6 +145,20 @@ class DistributedOptimizer:
     def _final_strategy(self) -> DistributedStrategy | None:
         """The strategy after ``minimize``: features of unapplied meta-optimizers disabled."""
         return self._context.get("valid_strategy")
+
+
+def _after_chain(strategy: DistributedStrategy, main, startup, merge_steps: int,
+                 half_allreduce: bool) -> None:
+    """What fleet does to the programs the chain built: the BuildStrategy the main program
+    runs with, float16 gradient all-reduces, gradient merge (in that order)."""
+    build_strategy = strategy._effective_build_strategy()
+    if build_strategy != DEFAULT_BUILD_STRATEGY:
+        main.build_strategy = build_strategy
+    if half_allreduce:
+        fp16_allreduce.apply(main.global_block())
+    if merge_steps:
+        gradient_merge.apply(main.global_block(), startup.global_block(), merge_steps,
+                             strategy.gradient_merge_configs["avg"])
 
 
 def _check_world(strategy: DistributedStrategy, role_maker: RoleMakerBase) -> None:
