@@ -150,10 +150,17 @@ class DistributedOptimizer:
 def _after_chain(strategy: DistributedStrategy, main, startup, merge_steps: int,
                  half_allreduce: bool) -> None:
     """What fleet does to the programs the chain built: the BuildStrategy the main program
-    runs with, float16 gradient all-reduces, gradient merge (in that order)."""
+    runs with, the rings' all-reduce in two levels or one (when the script set
+    use_hierarchical_allreduce), float16 gradient all-reduces, gradient merge."""
     build_strategy = strategy._effective_build_strategy()
     if build_strategy != DEFAULT_BUILD_STRATEGY:
         main.build_strategy = build_strategy
+    if "use_hierarchical_allreduce" in strategy._assigned:
+        # the script chose: two levels where a host has several ranks of a ring, or one ring
+        for op in startup.global_block().ops:
+            if op.type == "c_comm_init":
+                op._set_attr("use_hierarchical_allreduce",
+                             int(strategy.use_hierarchical_allreduce))
     if half_allreduce:
         fp16_allreduce.apply(main.global_block())
     if merge_steps:

@@ -181,6 +181,7 @@ class DistributedStrategy:
             | {name: [] for name in table.FREE_FORM},
             _build_strategy=DEFAULT_BUILD_STRATEGY,
             _non_auto_set=False,  # per instance; Paddle keeps one module-global flag
+            _assigned=set(),      # options a setter was called for (not by loading a file)
             _given={name: set() for name, s in table.OPTIONS.items() if isinstance(s, dict)},
             hybrid_parallel_order=list(table.HYBRID_ORDER),
             sync_param_name=list(table.SYNC_PARAM_NAME),
@@ -204,6 +205,7 @@ class DistributedStrategy:
             self._given[name].update(checked)
         else:
             self._values[name] = checked
+        self._assigned.add(name)
         if name == "a_sync":   # as Paddle's setter
             self._values["a_sync_configs"]["k_steps"] = 0
         if name != "auto":

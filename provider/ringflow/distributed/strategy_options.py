@@ -140,6 +140,7 @@ EFFECTIVE = frozenset({
     "sharding_configs", "hybrid_configs", "fuse_all_reduce_ops", "fuse_grad_size_in_MB",
     "pipeline", "build_strategy", "gradient_merge", "gradient_merge_configs",
     "gradient_scale_configs", "find_unused_parameters", "fp16_allreduce",
+    "use_hierarchical_allreduce",
 })
 
 # Lower bounds where a smaller value has no meaning (Paddle checks none of them; a degree of 0

@@ -119,7 +119,7 @@ def test_a_parameter_without_gradient_does_not_hang_data_parallel_training(tmp_p
 
     spawner = Spawner(tmp_path)
     try:
-        job = spawner("unused_param.py", 2, args=[find_unused], env=ENV,
+        job = spawner("unused_param.py", 2, args=[find_unused, "unset"], env=ENV,
                       hosts=["127.0.0.1", "127.0.0.2"])
         assert job.wait(timeout=120) == [0, 0], job.output()
     finally:
@@ -129,3 +129,36 @@ def test_a_parameter_without_gradient_does_not_hang_data_parallel_training(tmp_p
         np.testing.assert_array_equal(rank["unused"], rank["start"])
     np.testing.assert_array_equal(ranks[0]["used"], ranks[1]["used"])
     np.testing.assert_array_equal(ranks[0]["unused"], ranks[1]["unused"])
+
+
+@pytest.fixture(scope="module")
+def four_ranks(tmp_path_factory):
+    """hierarchical ("on", "off", "unset") -> the ranks' results of a data-parallel job of 4
+    ranks on two hosts (two ranks each)."""
+    from tests.runtime.distributed.spawn import Spawner
+
+    found = {}
+    for hierarchical in ("on", "off", "unset"):
+        tmp = tmp_path_factory.mktemp(f"hier-{hierarchical}")
+        spawner = Spawner(tmp)
+        try:
+            job = spawner("unused_param.py", 4, args=["0", hierarchical], env=ENV,
+                          hosts=["127.0.0.1"] * 2 + ["127.0.0.2"] * 2)
+            assert job.wait(timeout=120) == [0] * 4, job.output()
+        finally:
+            spawner.close()
+        found[hierarchical] = [dict(np.load(tmp / f"rank{r}.npz")) for r in range(4)]
+    return found
+
+
+@pytest.mark.parametrize("hierarchical, algorithm", [("on", "two-level"), ("off", "ring"),
+                                                     ("unset", "two-level")])
+def test_use_hierarchical_allreduce_chooses_two_levels_or_one_ring(four_ranks, hierarchical,
+                                                                   algorithm):
+    """Set, the option chooses; not set, ringflow's default (two levels: shared memory inside
+    a host, one TCP ring between hosts). The parameters agree either way."""
+    ranks = four_ranks[hierarchical]
+    assert [str(r["algorithm"]) for r in ranks] == [algorithm] * 4
+    for rank in ranks[1:]:
+        np.testing.assert_array_equal(rank["used"], ranks[0]["used"])
+    np.testing.assert_allclose(ranks[0]["used"], four_ranks["off"][0]["used"], rtol=1e-12)
