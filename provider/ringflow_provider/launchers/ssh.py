@@ -38,10 +38,18 @@ class SSHLauncher(Launcher):
             self._hooks[conn_id] = MultiHostSSHHook(conn_id, self.conn_timeout)
         return self._hooks[conn_id]
 
+    def check_allowed(self) -> None:
+        """Every host of the job (also those that mpirun or poprun reach from the first)
+        against the ``allowed_hosts`` of its connection, before any is connected."""
+        for conn_id in dict.fromkeys(self.conns[h] for h in self.hosts):
+            hosts = [h for h in self.hosts if self.conns[h] == conn_id]
+            self.hook(hosts[0]).check_allowed(hosts)
+
     def make_shell(self, host: str) -> Shell:
         return SSHShell(host, self.hook(host))
 
-    def prepare(self, *, numpy: bool = True, hosts: Sequence[str] | None = None) -> None:
+    def prepare_hosts(self, *, numpy: bool = True, hosts: Sequence[str] | None = None
+                      ) -> None:
         """Preflight (interpreter, numpy unless not needed) and the runtime shipped, on every
         host at once; each host's home (relative paths of the job are under it)."""
         targets = list(dict.fromkeys(self.hosts if hosts is None else hosts))

@@ -14,13 +14,15 @@ import contextlib
 import json
 import os
 import secrets as token_source
+import sys
 import time
 import uuid
 from typing import Any, ClassVar
 
 from airflow.sdk import Asset
 
-from ringflow.errors import LaunchError
+from ringflow.errors import ConfigError, LaunchError
+from ringflow.train import memory
 from ringflow.train.checkpoint import latest_checkpoint
 from ringflow_provider.exceptions import (
     RingflowConfigException,
@@ -38,7 +40,7 @@ from ringflow_provider.launchers.base import Launcher
 from ringflow_provider.launchers.job import JobHandle, TaskKey
 from ringflow_provider.launchers.lines import JobLine
 from ringflow_provider.launchers.local import ringflow_home
-from ringflow_provider.operators.base import RingflowJobOperator
+from ringflow_provider.operators.base import RingflowJobOperator, flag
 from ringflow_provider.tp_train import outcome
 from ringflow_provider.tp_train.args import (
     base_port,
@@ -73,7 +75,8 @@ class TPTrainOperator(RingflowJobOperator):
     consecutive ranks; the rest is data parallel. Rank 0's metric lines become progress
     lines in the task log; the return value (XCom) is a summary; the loss curve goes to a PNG
     next to the logs and as a text chart at the end of the log; a successful run emits an
-    event on the task's Asset ``ringflow://<dag_id>/<task_id>`` with the checkpoint.
+    event on the task's Asset ``ringflow://<dag_id>/<task_id>`` with the checkpoint (a debug
+    run of ``airflow tasks test`` does not, so it triggers no DAG scheduled on the Asset).
 
     Job spec (each templated; dict fields also take JSON text):
 
@@ -128,6 +131,16 @@ class TPTrainOperator(RingflowJobOperator):
     :param allow_unsafe_env: take the variables extra_env and secret_env refuse by default;
         default False. Not templated and not offered by a trigger form
         (``tp_train.form``): only the DAG's author decides
+    :param memory_check: before the ranks start, refuse a job whose estimated memory per
+        host (parameters, gradients, optimizer state and activations of each rank, from the
+        built model) exceeds a host's MemAvailable; default True (templated)
+
+    On this host (no ``hosts``) the ranks start from a minimal environment: ``PATH``,
+    ``HOME``, ``LANG``, ``LC_*``, ``TMPDIR`` and ``RINGFLOW_*`` of the worker's, then the
+    launcher's variables, ``extra_env`` and ``secret_env``; never the worker's Airflow
+    settings or connections. A ``package.module:build_fn`` model is imported and built on
+    the Airflow side first (with ``extra_env``'s ``PYTHONPATH``), so a builder that does
+    not exist or returns no model fails the task before anything starts.
 
     On several hosts (``hosts`` set; each host needs only python3 and numpy):
 
@@ -158,7 +171,7 @@ class TPTrainOperator(RingflowJobOperator):
     """
 
     template_fields = (*SPEC_FIELDS, "nproc_per_host", "log_dir", "extra_env", "secret_env",
-                       "hosts", "ssh_conn_id", "python", "launcher", "base_port",
+                       "memory_check", "hosts", "ssh_conn_id", "python", "launcher", "base_port",
                        *RingflowJobOperator.job_fields)
     template_fields_renderers: ClassVar[dict[str, str]] = {
         "model_args": "json", "optimizer": "json", "lr_schedule": "json", "extra_env": "json",
@@ -179,7 +192,8 @@ class TPTrainOperator(RingflowJobOperator):
                  sharding_stage: int | str = 0,
                  gradient_accumulation_steps: int | str = 1, nproc_per_host: int | str = 2,
                  log_dir: str | None = None, extra_env: dict | str | None = None,
-                 secret_env: dict | str | None = None, hosts: list[str] | str | None = None,
+                 secret_env: dict | str | None = None, memory_check: bool | str = True,
+                 hosts: list[str] | str | None = None,
                  ssh_conn_id: str | dict = MultiHostSSHHook.default_conn_name,
                  python: str = "python3", launcher: str = "ssh",
                  base_port: int | str | None = None, allow_unsafe_env: bool = False,
@@ -203,6 +217,7 @@ class TPTrainOperator(RingflowJobOperator):
         self.gradient_accumulation_steps = gradient_accumulation_steps
         self.nproc_per_host, self.log_dir = nproc_per_host, log_dir
         self.extra_env, self.secret_env = extra_env or {}, secret_env or {}
+        self.memory_check = memory_check
         self.hosts, self.ssh_conn_id, self.python = hosts, ssh_conn_id, python
         self.launcher, self.base_port = launcher, base_port
         self._declare_asset()
@@ -254,12 +269,15 @@ class TPTrainOperator(RingflowJobOperator):
             spec = parse_spec(values)
             nproc = positive_int(self.nproc_per_host, "nproc_per_host")
             spec.check_layout(nproc * max(len(hosts), 1), nproc)
-            plan = {"spec": spec, "nproc": nproc, "hosts": hosts,
-                    "extra": env_dict(self.extra_env, "extra_env"),
-                    "secret": env_dict(self.secret_env, "secret_env"), "launcher": "local",
+            extra = env_dict(self.extra_env, "extra_env")
+            secret = env_dict(self.secret_env, "secret_env")
+            check_env(extra, "extra_env", self.allow_unsafe_env)
+            check_env(secret, "secret_env", self.allow_unsafe_env)
+            plan = {"spec": spec, "nproc": nproc, "hosts": hosts, "extra": extra,
+                    "memory": _estimate(spec, nproc * max(len(hosts), 1), extra),
+                    "memory_check": flag("memory_check", self.memory_check),
+                    "secret": secret, "launcher": "local",
                     "conns": {}, "python": "python3", "base_port": None}
-            check_env(plan["extra"], "extra_env", self.allow_unsafe_env)
-            check_env(plan["secret"], "secret_env", self.allow_unsafe_env)
             if hosts:
                 plan.update(conns=connections(self.ssh_conn_id, hosts),
                             log_dir=(self.log_dir or REMOTE_LOG_DIR).format(**ids),
@@ -294,7 +312,9 @@ class TPTrainOperator(RingflowJobOperator):
         spec, nproc = plan["spec"], plan["nproc"]
         task = TaskKey.from_ti(context["ti"])
         self._log_plan(spec, nproc, plan, task)
-        launcher.prepare(numpy=True)
+        launcher.prepare(numpy=True, writable={"log_dir": plan["log_dir"],
+                                               "checkpoint_dir": spec.checkpoint_dir})
+        self._check_memory(launcher, plan)
         launcher.stop_earlier(task, f"try {task.try_number} starts the job again")
         self._raise_if_killed()
         port = plan["base_port"] or launcher.free_base_port(nproc)
@@ -322,13 +342,27 @@ class TPTrainOperator(RingflowJobOperator):
                    "model": spec.model, "mp_degree": spec.tensor_parallel_degree,
                    "steps": spec.steps})
 
+    def _check_memory(self, launcher: Launcher, plan: dict[str, Any]) -> None:
+        """Every host's MemAvailable holds its ranks' estimate, or the job is refused."""
+        need: memory.MemoryEstimate = plan["memory"]
+        if not plan["memory_check"]:
+            self.log.info("memory: %s; not checked (memory_check is False)", need.describe())
+            return
+        available = launcher.mem_available()
+        self.log.info("memory: %s; MemAvailable %s", need.describe(), ", ".join(
+            f"{host} {value / memory.MIB:.0f} MiB" for host, value in available.items()))
+        try:
+            memory.check_fits(need, plan["nproc"], available)
+        except ConfigError as exc:
+            raise RingflowConfigException(f"task {self.task_id!r}: {exc}") from None
+
     def _log_plan(self, spec: Any, nproc: int, plan: dict[str, Any], task: TaskKey) -> None:
         hosts, mp = plan["hosts"], spec.tensor_parallel_degree
         world = nproc * max(len(hosts), 1)
         where = (f"on {len(hosts)} hosts ({','.join(hosts)}), {nproc} ranks each, launcher "
                  f"{plan['launcher']}" if hosts else "on this host")
         self.log.info(
-            "training %s %s: %d ranks (tensor parallel %d x data parallel %d), %d steps of %d "
+            "training %s %s: %d ranks (mp %d x dp %d), %d steps of %d "
             "samples, %s, %s optimizer; logs and spec in %s", spec.model, where, world, mp,
             world // mp, spec.steps, spec.global_batch_size, spec.dtype,
             spec.optimizer["type"], plan["log_dir"])
@@ -389,9 +423,42 @@ class TPTrainOperator(RingflowJobOperator):
                       f" on {len(handle.hosts)} hosts" if handle.show_hosts else "",
                       json.dumps(summary["final_loss"]))
         asset, events = self.asset, context.get("outlet_events")
-        if asset is not None and events is not None:
+        if asset is not None and debug_run(context):
+            # Airflow records an event for every outlet of a task that succeeds, so a debug
+            # run drops the outlet: its model must not trigger the DAGs scheduled on it.
+            self.outlets = [o for o in self.outlets if o is not asset]
+            self.log.info("no event on the Asset %s: this is a debug run (airflow tasks "
+                          "test), which does not trigger the DAGs scheduled on it", asset.uri)
+        elif asset is not None and events is not None:
             host = handle.hosts[0] if handle.show_hosts else os.uname().nodename
             events[asset].extra = {"checkpoint": summary["checkpoint"], "host": host,
                                    "step": summary["steps"],
                                    "final_loss": summary["final_loss"]}
         return summary
+
+
+#: `airflow tasks test` runs a task in a DAG run of this id (deleted afterwards) and sets
+#: AIRFLOW_TEST_MODE, also when it reuses a run named on its command line
+DEBUG_RUN_PREFIX = "__airflow_temporary_run_"
+
+
+def debug_run(context: Any) -> bool:
+    """Whether the task runs under `airflow tasks test` rather than in a DAG run."""
+    run_id = context.get("run_id") or getattr(context.get("ti"), "run_id", None) or ""
+    return (str(run_id).startswith(DEBUG_RUN_PREFIX)
+            or os.environ.get("AIRFLOW_TEST_MODE", "").lower() == "true")
+
+
+def _estimate(spec: Any, world_size: int, extra: dict[str, str]) -> memory.MemoryEstimate:
+    """The memory rank 0 needs, from its program built here: a `package.module:build_fn`
+    that cannot be imported (with ``extra_env``'s ``PYTHONPATH`` on the path, as the ranks
+    have it) or returns no model fails here, before anything starts."""
+    paths = [p for p in extra.get("PYTHONPATH", "").split(os.pathsep) if p]
+    added = [p for p in paths if p not in sys.path]
+    sys.path[:0] = added
+    try:
+        return memory.estimate(spec, world_size)
+    finally:
+        for p in added:
+            with contextlib.suppress(ValueError):
+                sys.path.remove(p)
