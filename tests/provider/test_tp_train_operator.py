@@ -139,6 +139,15 @@ def test_amp_and_recompute_reach_the_job(make, tmp_path):
     assert summary["steps"] == 4 and math.isfinite(summary["final_loss"])
 
 
+def test_gradient_accumulation_steps_reaches_the_job(make, tmp_path):
+    op = make(gradient_accumulation_steps="2", steps=4, model_args={
+        "input_size": 8, "hidden_size": 16, "num_classes": 4, "num_layers": 2})
+    summary = op.execute(ctx())
+    spec = json.loads((tmp_path / "logs" / "spec.json").read_text())
+    assert spec["gradient_accumulation_steps"] == 2
+    assert summary["steps"] == 4 and math.isfinite(summary["final_loss"])
+
+
 def test_the_loss_plot_is_a_png_next_to_the_logs(make, tmp_path):
     # matplotlib is the `plot` extra, which make test installs: no skip when it is missing
     summary = make().execute(ctx())
@@ -230,7 +239,10 @@ def test_a_rank_that_raises_fails_the_task_naming_rank_code_cause_and_log_tail(m
      "extra_env: LD_PRELOAD would load code into every rank"),
     ({"extra_env": {}, "secret_env": {"PYTHONSTARTUP": "/x.py"}, "allow_unsafe_env": False},
      "secret_env: PYTHONSTARTUP would load code into every rank"),
-], ids=["steps", "batch", "degree", "optimizer", "nproc", "unsafe-env", "unsafe-secret-env"])
+    ({"gradient_accumulation_steps": "2", "amp": "True"},
+     "gradient_accumulation_steps 2 does not combine with amp"),
+], ids=["steps", "batch", "degree", "optimizer", "nproc", "unsafe-env", "unsafe-secret-env",
+        "accumulation-amp"])
 def test_a_bad_value_fails_before_anything_starts_naming_it(make, tmp_path, overrides,
                                                            message):
     op = make(**overrides)

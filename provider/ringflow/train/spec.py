@@ -53,11 +53,17 @@ FIELD_DOCS: dict[str, str] = {
     "sharding_stage": "0: off; 1: each data-parallel rank holds and updates the optimizer "
                       "state of its share of the parameters; 2: and keeps only its share "
                       "of the reduced gradients (fleet's sharding, ZeRO stages 1 and 2)",
+    "gradient_accumulation_steps": "micro-steps per step: each rank runs the step's batch in "
+                                   "this many parts and the optimizer applies their mean "
+                                   "gradient once (fleet's gradient_merge); 1: off. The "
+                                   "global batch must divide by it x the data-parallel "
+                                   "degree; not with amp or sharding",
 }
 #: the smallest value each integer field takes (JSON-schema ``minimum``)
 FIELD_MINIMUMS: dict[str, int] = {"steps": 1, "global_batch_size": 1, "seed": 0,
                                   "tensor_parallel_degree": 1, "log_every": 1,
-                                  "checkpoint_every": 1, "sharding_stage": 0}
+                                  "checkpoint_every": 1, "sharding_stage": 0,
+                                  "gradient_accumulation_steps": 1}
 #: the largest value of the integer fields that have one (JSON-schema ``maximum``)
 FIELD_MAXIMUMS: dict[str, int] = {"sharding_stage": 2}
 
@@ -90,6 +96,7 @@ class JobSpec:
     amp: bool = False
     recompute: bool | list[str] = False
     sharding_stage: int = 0
+    gradient_accumulation_steps: int = 1
 
     def __post_init__(self) -> None:
         for name, minimum in FIELD_MINIMUMS.items():
@@ -107,6 +114,9 @@ class JobSpec:
         if self.amp and self.dtype != "float32":
             raise ConfigError(f"amp trains float32 models (float16 compute, float32 master "
                               f"weights); dtype is {self.dtype}")
+        if self.gradient_accumulation_steps > 1 and (self.amp or self.sharding_stage):
+            raise ConfigError(f"gradient_accumulation_steps {self.gradient_accumulation_steps}"
+                              f" does not combine with {'amp' if self.amp else 'sharding'}")
         object.__setattr__(self, "recompute", _check_recompute(self.recompute))
         if self.checkpoint_dir is not None:
             _check_str("checkpoint_dir", self.checkpoint_dir)
@@ -176,6 +186,11 @@ class JobSpec:
             raise ConfigError(f"global_batch_size {self.global_batch_size} is not divisible "
                               f"by the data-parallel degree {dp} (world size {world_size} / "
                               f"tensor_parallel_degree {degree})")
+        micro = self.gradient_accumulation_steps
+        if self.global_batch_size % (dp * micro):
+            raise ConfigError(f"global_batch_size {self.global_batch_size} is not divisible "
+                              f"by gradient_accumulation_steps {micro} x the data-parallel "
+                              f"degree {dp}")
         for name, size in _split_sizes(self.model, self.model_args).items():
             if size % degree:
                 raise ConfigError(f"model_args.{name} {size} is not divisible by "

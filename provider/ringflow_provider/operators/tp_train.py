@@ -111,6 +111,9 @@ class TPTrainOperator(RingflowJobOperator):
     :param sharding_stage: shard the optimizer state (1) and the gradients too (2) over the
         data-parallel ranks (fleet's sharding, ZeRO stages 1 and 2); 0 (default): every
         data-parallel rank holds all of it (templated)
+    :param gradient_accumulation_steps: micro-batches per step: each rank runs its share of
+        the global batch in this many parts and the optimizer applies their mean gradient
+        once (fleet's gradient_merge); default 1 (templated)
 
     How it runs:
 
@@ -186,7 +189,8 @@ class TPTrainOperator(RingflowJobOperator):
                  checkpoint_dir: str | None = _DEFAULT, checkpoint_every: int | str = 100,
                  resume: bool | str = True, amp: bool | str = False,
                  recompute: bool | list[str] | str = False,
-                 sharding_stage: int | str = 0, nproc_per_host: int | str = 2,
+                 sharding_stage: int | str = 0,
+                 gradient_accumulation_steps: int | str = 1, nproc_per_host: int | str = 2,
                  log_dir: str | None = None, extra_env: dict | str | None = None,
                  secret_env: dict | str | None = None, memory_check: bool | str = True,
                  hosts: list[str] | str | None = None,
@@ -210,6 +214,7 @@ class TPTrainOperator(RingflowJobOperator):
         self.checkpoint_dir, self.checkpoint_every, self.resume = (
             checkpoint_dir, checkpoint_every, resume)
         self.amp, self.recompute, self.sharding_stage = amp, recompute, sharding_stage
+        self.gradient_accumulation_steps = gradient_accumulation_steps
         self.nproc_per_host, self.log_dir = nproc_per_host, log_dir
         self.extra_env, self.secret_env = extra_env or {}, secret_env or {}
         self.memory_check = memory_check

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
 import os
 import sys
 import threading
@@ -30,9 +31,11 @@ _next_group_id = FIRST_GROUP_RING_ID
 
 
 def init_ring(ring_id: int, endpoints: Sequence[str | Endpoint], rank: int, nranks: int,
-              *, job_id: str | None = None, token: str | None = None) -> Communicator:
+              *, job_id: str | None = None, token: str | None = None,
+              two_level: bool | None = None) -> Communicator:
     """Create ring `ring_id` among `endpoints` (one per rank) and register it; every rank of
-    the ring calls this. Calling it again with the same members returns the existing ring."""
+    the ring calls this. Calling it again with the same members returns the existing ring.
+    `two_level` overrides RINGFLOW_TWO_LEVEL for this ring (None: as it says)."""
     with _lock:
         existing = _rings.get(ring_id)
         if existing is not None:
@@ -46,7 +49,10 @@ def init_ring(ring_id: int, endpoints: Sequence[str | Endpoint], rank: int, nran
     if nranks > 1 and not (job_id and token):
         raise ConfigError("RINGFLOW_JOB_ID and RINGFLOW_JOB_TOKEN must be set to create a ring "
                           "of more than one rank (the launcher sets them)")
-    comm = Communicator(ring_id, endpoints, rank, nranks, job_id, token, comm_settings())
+    settings = comm_settings()
+    if two_level is not None:
+        settings = dataclasses.replace(settings, two_level=two_level)
+    comm = Communicator(ring_id, endpoints, rank, nranks, job_id, token, settings)
     with _lock:
         _rings[ring_id] = comm
     return comm
