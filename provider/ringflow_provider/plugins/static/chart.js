@@ -70,6 +70,22 @@ function taskTabUrl(dagId, runId, taskId, mapIndex) {
   return `${uiRoot()}${path}/plugin/training`;
 }
 
+// Opens a page of the Airflow UI around this frame. The UI's frame sandbox has no
+// allow-top-navigation, so the page is opened as the UI's own links do: a history entry and
+// a popstate event its router follows (same origin: the frame may reach the UI's window).
+function openInUi(url) {
+  try {
+    const ui = window.parent;
+    if (ui && ui !== window) {
+      const target = new URL(url, window.location.href);
+      ui.history.pushState({}, "", target.pathname + target.search);
+      ui.dispatchEvent(new ui.PopStateEvent("popstate", {state: {}}));
+      return;
+    }
+  } catch (e) { /* not inside the UI: open it here */ }
+  window.location.href = url;
+}
+
 // --- numbers -----------------------------------------------------------------------------------
 function fmt(value, digits = 4) {
   if (value === null || value === undefined || Number.isNaN(value)) return "–";

@@ -76,8 +76,7 @@ function renderTable(series) {
     }
     if (run.task_id) {
       row.addEventListener("click", () => {
-        (window.top || window).location.href =
-          taskTabUrl(dagId, run.run_id, run.task_id, run.map_index);
+        openInUi(taskTabUrl(dagId, run.run_id, run.task_id, run.map_index));
       });
     }
     body.appendChild(row);
