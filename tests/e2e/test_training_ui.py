@@ -67,6 +67,18 @@ def screenshot(page, name: str) -> None:
         page.screenshot(path=str(Path(SCREENSHOTS) / name), full_page=False)
 
 
+def test_installing_the_package_registers_the_plugin_once_with_both_tabs(airflow_services):
+    api = airflow_services.api
+    plugins = {p["name"]: p for p in api.get("/plugins?limit=100")["plugins"]}
+    ringflow = plugins["ringflow"]
+    assert [(a["url_prefix"], a["name"]) for a in ringflow["fastapi_apps"]] == \
+        [("/ringflow", "ringflow training")]
+    assert sorted((v["name"], v["destination"], v["url_route"])
+                  for v in ringflow["external_views"]) == \
+        [("Training", "task_instance", "training"), ("Training runs", "dag", "training-runs")]
+    assert api.get("/plugins/importErrors")["import_errors"] == []
+
+
 def test_the_training_tab_draws_more_points_while_the_job_runs_and_all_after(
         airflow_services, airflow_ui, runs):
     api, page = airflow_services.api, airflow_ui
@@ -100,6 +112,14 @@ def test_the_training_tab_draws_more_points_while_the_job_runs_and_all_after(
     assert lr.get_attribute("data-points") == str(len(A_STEPS))
     assert frame.locator("#lr-chart text", has_text="learning rate").count() >= 1
     screenshot(page, "training-tab.png")
+    light = frame.locator("body").evaluate("b => getComputedStyle(b).backgroundColor")
+    # the tab follows the UI into dark mode (the UI follows the system's by default)
+    page.emulate_media(color_scheme="dark")
+    frame.locator("html.dark").wait_for(state="attached")
+    dark = frame.locator("body").evaluate("b => getComputedStyle(b).backgroundColor")
+    assert (light, dark) == ("rgb(255, 255, 255)", "rgb(17, 24, 39)")
+    screenshot(page, "training-tab-dark.png")
+    page.emulate_media(color_scheme="light")
 
 
 def test_the_metrics_endpoint_answers_each_trys_points_whose_losses_are_the_xcoms(
