@@ -13,6 +13,7 @@ With RINGFLOW_UI_SCREENSHOTS=<folder> the Chromium tests save the tabs as PNGs t
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from urllib.parse import quote
 
@@ -27,6 +28,9 @@ pytestmark = [pytest.mark.e2e, pytest.mark.airflow, pytest.mark.slow, pytest.mar
 DAG, TASK = "ringflow_tp_train", "train"
 A_CONF = {"steps": 400, "log_every": 5, "seed": 3}
 B_CONF = {"steps": 40, "log_every": 5, "seed": 3, "learning_rate": 0.003}
+# C's loss becomes inf at once: the job fails, and a retry would not help (none is made)
+C_CONF = {"steps": 40, "log_every": 1, "seed": 3, "optimizer_type": "sgd",
+          "learning_rate": 1e30}
 A_STEPS = [1, *range(5, 401, 5)]   # steps / log_every points, and the first
 SCREENSHOTS = os.environ.get("RINGFLOW_UI_SCREENSHOTS")
 
@@ -42,7 +46,8 @@ def trigger(api, **conf) -> str:
 @pytest.fixture(scope="module")
 def runs(airflow_services) -> dict[str, str]:
     api = airflow_services.api
-    return {"A": trigger(api, **A_CONF), "B": trigger(api, **B_CONF)}
+    c = trigger(api, **C_CONF)   # first: A and B are the newest runs
+    return {"A": trigger(api, **A_CONF), "B": trigger(api, **B_CONF), "C": c}
 
 
 def task_tab(base_url: str, run_id: str) -> str:
@@ -86,7 +91,7 @@ def test_the_training_tab_draws_more_points_while_the_job_runs_and_all_after(
     metrics = f"{airflow_services.base_url}/ringflow/api/metrics/{DAG}/{quote(runs['A'])}/{TASK}"
     wait_until(lambda: len(api.http.get(metrics).json()["tries"][0]["points"]) >= 3, 120,
                "three progress points in try 1's log")
-    page.set_viewport_size({"width": 1280, "height": 900})
+    page.set_viewport_size({"width": 1280, "height": 1080})
     page.goto(task_tab(airflow_services.base_url, runs["A"]))
     frame = tab_frame(page)
     frame.locator("#loss-chart path.series").first.wait_for()
@@ -106,12 +111,12 @@ def test_the_training_tab_draws_more_points_while_the_job_runs_and_all_after(
     assert frame.locator("#loss-chart text", has_text="step").count() >= 1   # axis labels
     assert frame.locator("#loss-chart text", has_text="loss (nats)").count() == 1
     assert f"{final_loss:.5g}"[:4] in summary.inner_text()
+    screenshot(page, "training-tab.png")
     frame.locator("#show-lr").check()
     lr = frame.locator("#lr-chart path.series")
     lr.wait_for(state="attached")   # a constant rate: a flat line, which has no height
     assert lr.get_attribute("data-points") == str(len(A_STEPS))
     assert frame.locator("#lr-chart text", has_text="learning rate").count() >= 1
-    screenshot(page, "training-tab.png")
     light = frame.locator("body").evaluate("b => getComputedStyle(b).backgroundColor")
     # the tab follows the UI into dark mode (the UI follows the system's by default)
     page.emulate_media(color_scheme="dark")
@@ -143,15 +148,15 @@ def test_the_metrics_endpoint_answers_each_trys_points_whose_losses_are_the_xcom
 def test_the_training_runs_tab_overlays_the_runs_and_highlights_the_param_that_differs(
         airflow_services, airflow_ui, runs):
     api, page = airflow_services.api, airflow_ui
-    for run_id in runs.values():
+    for run_id in (runs["A"], runs["B"]):
         api.wait_for_run(DAG, run_id, timeout=240)
     page.set_viewport_size({"width": 1280, "height": 900})
     page.goto(f"{airflow_services.base_url}/dags/{DAG}/plugin/training-runs")
     frame = tab_frame(page)
-    for run_id in runs.values():
+    for run_id in (runs["A"], runs["B"]):
         frame.locator(f"#loss-chart path.series[data-series='{run_id}']").wait_for()
     points = {run_id: int(frame.locator(f"#loss-chart path.series[data-series='{run_id}']")
-                          .get_attribute("data-points")) for run_id in runs.values()}
+                          .get_attribute("data-points")) for run_id in (runs["A"], runs["B"])}
     assert points == {runs["A"]: len(A_STEPS), runs["B"]: 9}
     differs = frame.locator("thead th.differs").all_inner_texts()
     assert "learning_rate" in differs and "model" not in differs
@@ -221,3 +226,21 @@ def test_the_endpoints_answer_401_403_404_and_422_as_airflows_api_does(airflow_s
     assert b["state"] == "success" and b["duration_s"] > 0
     assert b["final_loss"] == airflow_services.api.xcom(DAG, runs["B"], TASK)["final_loss"]
     assert b["samples_per_s"] > 0
+
+
+def test_a_failed_jobs_tab_shows_why_it_failed_naming_the_rank(airflow_services, airflow_ui,
+                                                               runs):
+    api, page = airflow_services.api, airflow_ui
+    api.wait_for_state(DAG, runs["C"], TASK, {"failed"}, timeout=180)
+    answer = api.get(f"{airflow_services.base_url}/ringflow/api/metrics/{DAG}/"
+                     f"{quote(runs['C'], safe='')}/{TASK}")
+    (only,) = answer["tries"]   # not retried: the loss diverged, a retry would too
+    assert (only["state"], answer["summary"]) == ("failed", None)
+    assert re.match(r"RingflowJobRefusedException: training failed: rank \d on host \S+ "
+                    r"\(pid \d+\) failed first with exit code 3: \[train\] error: stopping: "
+                    r"the loss is (nan|inf)", only["failure"]), only["failure"]
+    page.goto(task_tab(airflow_services.base_url, runs["C"]))
+    failure = tab_frame(page).locator(".failure[data-try='1']")
+    failure.wait_for()
+    assert failure.inner_text().startswith("try 1 failed")
+    assert only["failure"].splitlines()[0] in failure.inner_text()
