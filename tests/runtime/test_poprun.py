@@ -99,6 +99,12 @@ def test_a_double_dash_ends_the_options():
     (["--host=a,a", "p"], "names a host twice"),
     (["--only-output-from-instance=1", "p"], "there are 1 instances"),
     (["--mpi-local-args"], "needs a value"),
+    (["--mpi-global-args=--tag-output", "--mpi-global-args=--mca plm_rsh_agent x", "p"],
+     "--mpi-global-args is given twice; give each option once"),
+    (["--mpi-local-args=-x A=1", "--mpi-local-args", "-x B=2", "p"],
+     "--mpi-local-args is given twice"),
+    (["--host=a", "-H", "b", "p"], "--host/-H is given twice"),
+    (["--num-instances=1", "--num-instances=2", "p"], "--num-instances is given twice"),
     (["--num-instances=2"], "no program to run"),
 ])
 def test_bad_command_lines_are_errors_saying_why(argv, message):

@@ -130,6 +130,10 @@ def expand_endpoints(listed: list[Endpoint], world_size: int, var: str,
     if local_size * nhosts != world_size:
         raise ConfigError(f"{var} lists {nhosts} host endpoints with PADDLE_LOCAL_SIZE="
                           f"{local_size} ranks each, but PADDLE_TRAINERS_NUM={world_size}")
+    for ep in listed:
+        if ep.port + local_size - 1 > 65535:
+            raise ConfigError(f"{var}: host endpoint {ep} with {local_size} ranks per host "
+                              f"gives ports {ep.port}..{ep.port + local_size - 1}, beyond 65535")
     return tuple(Endpoint(ep.host, ep.port + i) for ep in listed for i in range(local_size))
 
 
@@ -140,17 +144,10 @@ def worker_env(environ: Mapping[str, str] | None = None) -> WorkerEnv:
     rank = int_var(environ, "PADDLE_TRAINER_ID")
     if rank >= world:
         raise ConfigError(f"PADDLE_TRAINER_ID={rank} must be < PADDLE_TRAINERS_NUM={world}")
-    var = "PADDLE_TRAINER_ENDPOINTS"
-    raw = environ.get(var, "")
-    listed = [parse_endpoint(t, var) for t in raw.split(",") if t.strip()]
-    if not listed:
-        raise ConfigError(f"environment variable {var} is not set (comma-separated ip:port)")
-    per_host = len(listed) != world
+    per_host = len(_listed_endpoints(environ)) != world
     local_rank = int_var(environ, "PADDLE_RANK_IN_NODE") if per_host else \
         int(environ.get("PADDLE_RANK_IN_NODE") or 0)
-    local_size = int_var(environ, "PADDLE_LOCAL_SIZE", 1) if environ.get(
-        "PADDLE_LOCAL_SIZE") else None
-    endpoints = expand_endpoints(listed, world, var, local_size)
+    endpoints = world_endpoints(environ)
     if per_host:
         _check_local_rank(endpoints, rank, local_rank, environ)
     job_id = environ.get("RINGFLOW_JOB_ID", "")
@@ -160,6 +157,24 @@ def worker_env(environ: Mapping[str, str] | None = None) -> WorkerEnv:
         raise ConfigError("environment variable RINGFLOW_JOB_TOKEN is not set (the job's "
                           "rendezvous secret)")
     return WorkerEnv(rank, world, endpoints, local_rank, job_id, token)
+
+
+def _listed_endpoints(environ: Mapping[str, str]) -> list[Endpoint]:
+    var = "PADDLE_TRAINER_ENDPOINTS"
+    listed = [parse_endpoint(t, var) for t in environ.get(var, "").split(",") if t.strip()]
+    if not listed:
+        raise ConfigError(f"environment variable {var} is not set (comma-separated ip:port)")
+    return listed
+
+
+def world_endpoints(environ: Mapping[str, str]) -> tuple[Endpoint, ...]:
+    """One endpoint per global rank, from PADDLE_TRAINER_ENDPOINTS (one per rank, or one per
+    host expanded by PADDLE_LOCAL_SIZE) and PADDLE_TRAINERS_NUM."""
+    world = int_var(environ, "PADDLE_TRAINERS_NUM", minimum=1)
+    local_size = int_var(environ, "PADDLE_LOCAL_SIZE", 1) if environ.get(
+        "PADDLE_LOCAL_SIZE") else None
+    return expand_endpoints(_listed_endpoints(environ), world, "PADDLE_TRAINER_ENDPOINTS",
+                            local_size)
 
 
 def _check_local_rank(endpoints: tuple[Endpoint, ...], rank: int, local_rank: int,

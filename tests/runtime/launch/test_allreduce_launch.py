@@ -75,6 +75,7 @@ def test_a_stopped_rank_makes_a_peer_fail_and_the_launcher_ends_the_job(launcher
     assert done.result["failed_rank"] in (0, 1)
     assert "CommError" in done.lines("[launch]   | ")[-1]
     logs = [(launcher.dir / "log" / f"workerlog.{r}").read_text() for r in (0, 1)]
-    assert any("failed with peer rank 2: no heartbeat from rank 2" in log for log in logs)
+    assert any("failed with peer rank 2 on 127.0.0.1: no heartbeat from rank 2 on 127.0.0.1"
+               in log for log in logs), logs
     stopped = done.result["ranks"][2]
     assert stopped["stopped_by_launcher"] and stopped["signal"] == "SIGTERM"

@@ -8,6 +8,7 @@ ring.py's ring in host-major order) and runs the collectives on numpy arrays wit
 from __future__ import annotations
 
 import itertools
+import os
 from collections.abc import Sequence
 
 import numpy as np
@@ -22,10 +23,11 @@ from ringflow.distributed.collective.transport.base import (
     Deadline,
     Link,
     OpContext,
+    rank_names,
 )
 from ringflow.distributed.collective.wiring import SUPPORTED, Wiring
-from ringflow.distributed.env import CommSettings, Endpoint, parse_endpoint
-from ringflow.errors import CommError, ExecutionError
+from ringflow.distributed.env import CommSettings, Endpoint, parse_endpoint, world_endpoints
+from ringflow.errors import CommError, ConfigError, ExecutionError
 
 
 class Communicator(Wiring):
@@ -40,7 +42,8 @@ class Communicator(Wiring):
         self.ring_id, self.rank, self.nranks = ring_id, rank, nranks
         self.endpoints = eps
         self.settings = settings
-        self.ctx = OpContext(rank, ring_id, "init", host=str(eps[rank]))
+        self.ctx = OpContext(rank, ring_id, "init", host=str(eps[rank]),
+                             names=rank_names(ring_id, eps, _world_endpoints()))
         self._job_id = job_id
         self._key = rendezvous.JobKey(job_id, token)
         self._link: Link | None = None
@@ -280,6 +283,15 @@ class Communicator(Wiring):
     def algorithm_name(self) -> str:
         """"shm", "ring" or "two-level" ("" for a ring of one)."""
         return getattr(self.algorithm, "name", "")
+
+
+def _world_endpoints() -> tuple[Endpoint, ...] | None:
+    """The job's endpoints by global rank, when the launcher's env says them (errors name
+    global ranks by them); None for rings made by hand."""
+    try:
+        return world_endpoints(os.environ)
+    except ConfigError:
+        return None
 
 
 # dtypes the one-host latency path reduces as they are (float16 is widened, elsewhere)

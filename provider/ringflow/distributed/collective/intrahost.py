@@ -82,7 +82,8 @@ class IntraHost:
             return True
 
         spin_wait(ready, self._deadline, self.check,
-                  lambda: f"rank {self.ranks[self.peers[late[0]]]} to reach step {target}",
+                  lambda: f"{self.ctx.name(self.ranks[self.peers[late[0]]])} to reach step "
+                          f"{target}",
                   self.ctx, lambda: self.ranks[self.peers[late[0]]])
 
     def _begin_round(self, sig: int) -> tuple[int, int]:
@@ -95,8 +96,8 @@ class IntraHost:
     def _check_sig(self, slot: int, sig: int) -> None:
         for p in self.peers:
             if self._words[p][SIG0 + slot] != sig:
-                raise self.ctx.error(self.ranks[p], f"rank {self.ranks[p]} runs a different "
-                                     "collective or buffer size (op/dtype/count differ)")
+                raise self.ctx.error(self.ranks[p], f"{self.ctx.name(self.ranks[p])} runs a "
+                                     "different collective or buffer size (op/dtype/count differ)")
 
     def _end_round(self, slot: int) -> None:
         self.free_at[slot] = self.seq + 1

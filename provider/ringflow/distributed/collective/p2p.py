@@ -37,7 +37,7 @@ class PointToPoint:
             sock.sendall(_HEADER.pack(work.nbytes, work.dtype.str.encode()))
             sock.sendall(byte_view(work.reshape(-1)))
         except OSError as exc:
-            raise self.ctx.error(dst, f"sending to rank {dst} failed: {exc}") from None
+            raise self.ctx.error(dst, f"sending to {self.ctx.name(dst)} failed: {exc}") from None
 
     def recv(self, work: np.ndarray, src: int) -> None:
         sock = self._socks.get(("from", src))
@@ -50,16 +50,18 @@ class PointToPoint:
         try:
             nbytes, dt = _HEADER.unpack(rendezvous.recv_exact(sock, _HEADER.size))
             if nbytes != work.nbytes or dt.rstrip(b"\0") != work.dtype.str.encode():
-                raise self.ctx.error(src, f"rank {src} sent {nbytes} bytes of {dt.decode()!r}, "
+                raise self.ctx.error(src, f"{self.ctx.name(src)} sent {nbytes} bytes of "
+                                     f"{dt.decode()!r}, "
                                      f"expected {work.nbytes} bytes of {work.dtype.str!r}")
             view, got = byte_view(work.reshape(-1)), 0
             while got < len(view):
                 n = sock.recv_into(view[got:])
                 if n == 0:
-                    raise ConnectionError(f"rank {src} closed the connection")
+                    raise ConnectionError(f"{self.ctx.name(src)} closed the connection")
                 got += n
         except (OSError, ConnectionError) as exc:
-            raise self.ctx.error(src, f"receiving from rank {src} failed: {exc}") from None
+            raise self.ctx.error(src, f"receiving from {self.ctx.name(src)} failed: "
+                                 f"{exc}") from None
 
     def close(self) -> None:
         for sock in self._socks.values():

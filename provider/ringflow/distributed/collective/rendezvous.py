@@ -216,7 +216,8 @@ class Listener:
             while (ring, kind, rank) not in self._arrived:
                 left = deadline.remaining()
                 if left <= 0:
-                    raise ctx.error(rank, f"rank {rank} did not connect to {self.endpoint} within "
+                    raise ctx.error(rank, f"{ctx.name(rank)} did not connect to {self.endpoint} "
+                                    "within "
                                     f"{deadline.seconds:g} s (RINGFLOW_RENDEZVOUS_TIMEOUT)",
                                     timeout=True)
                 self._cond.wait(min(left, 1.0))
@@ -285,7 +286,7 @@ def _client_handshake(sock: socket.socket, endpoint: Endpoint, key: JobKey, kind
             raise _Retry(f"{endpoint} is busy with other handshakes")
         if head == NOT_THIS_JOB:
             raise ctx.error(peer, f"{endpoint} belongs to another job (RINGFLOW_JOB_ID "
-                            f"differs): it is not rank {peer} of this job")
+                            f"differs): it is not {ctx.name(peer)} of this job")
         if head != _MAGIC:
             raise ctx.error(peer, f"{endpoint} is not a ringflow rank (bad handshake reply)")
         pid, server_nonce, theirs = struct.unpack(
@@ -293,8 +294,8 @@ def _client_handshake(sock: socket.socket, endpoint: Endpoint, key: JobKey, kind
         expected = key.mac(b"server", endpoint, kind, ring, rank, client_nonce, server_nonce)
         if not hmac.compare_digest(theirs, expected):
             raise ctx.error(peer, f"{endpoint} could not prove it holds this job's token: it "
-                            f"is not rank {peer} of this job (another job's rank, or a process "
-                            f"squatting the port; RINGFLOW_JOB_TOKEN differs)")
+                            f"is not {ctx.name(peer)} of this job (another job's rank, or a "
+                            f"process squatting the port; RINGFLOW_JOB_TOKEN differs)")
         sock.sendall(_PROOF.pack(key.mac(b"client", endpoint, kind, ring, rank, client_nonce,
                                          server_nonce)))
         if recv_exact(sock, len(ACCEPT), deadline) != ACCEPT:

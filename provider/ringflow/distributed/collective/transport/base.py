@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -35,21 +35,49 @@ def peer_failure_seen() -> bool:
 
 @dataclass
 class OpContext:
-    """Where a comm error happened: this rank, the ring, the op. Set per collective call."""
+    """Where a comm error happened: this rank, the ring, the op. Set per collective call.
+
+    ``names`` holds, by position in the ring, how an error names that rank: its global rank
+    and host (``rank 2 on 10.77.0.2``), with the ring position only in addition where the
+    two differ; a user reads global ranks in the launcher's lines, never ring positions."""
 
     rank: int
     ring_id: int
     op: str = "init"
     host: str = ""
+    names: tuple[str, ...] = ()
+
+    def name(self, position: int | None) -> str:
+        """How errors name the rank at `position` of this ring."""
+        if position is None:
+            return "a peer"
+        if 0 <= position < len(self.names):
+            return self.names[position]
+        return f"rank {position}"
 
     def error(self, peer: int | None, cause: str, timeout: bool = False) -> CommError:
         global _peer_failure_seen
         if peer is not None:
             _peer_failure_seen = True
-        who = f"rank {self.rank}" + (f" ({self.host})" if self.host else "")
-        peer_txt = f" with peer rank {peer}" if peer is not None else ""
+        who = self.name(self.rank) if self.names else (
+            f"rank {self.rank}" + (f" ({self.host})" if self.host else ""))
+        peer_txt = f" with peer {self.name(peer)}" if peer is not None else ""
         cls = CommTimeoutError if timeout else CommError
         return cls(f"{who}: {self.op} on ring {self.ring_id} failed{peer_txt}: {cause}")
+
+
+def rank_names(ring_id: int, endpoints: Sequence[object], world: Sequence[object] | None
+               ) -> tuple[str, ...]:
+    """``names`` of an OpContext: each ring member by its global rank (its index among the
+    world's endpoints, when known) and host, plus its ring position where that differs."""
+    index = {str(e): g for g, e in enumerate(world or ())}
+    names = []
+    for position, endpoint in enumerate(endpoints):
+        host = getattr(endpoint, "host", None) or str(endpoint).rpartition(":")[0]
+        rank = index.get(str(endpoint), position)
+        extra = f" (position {position} in ring {ring_id})" if rank != position else ""
+        names.append(f"rank {rank} on {host}{extra}")
+    return tuple(names)
 
 
 def byte_view(arr: np.ndarray) -> memoryview:

@@ -244,17 +244,19 @@ class PeerWatch:
             words, index = self.left.get(rank, (None, 0))
             if words is not None and words[index]:
                 # only reached while a wait is unmet: the departed rank cannot meet it any more
-                raise self.ctx.error(rank, f"rank {rank} left early: it finished and closed "
-                                     "this ring in order while this rank still waits for it "
-                                     "(did every rank run the same collectives?)")
+                raise self.ctx.error(rank, f"{self.ctx.name(rank)} left early: it finished "
+                                     "and closed this ring in order while this rank still "
+                                     "waits for it (did every rank run the same "
+                                     "collectives?)")
             state = process_state(pid)
             if state is None or state in "ZX":
-                raise self.ctx.error(rank, f"rank {rank} (pid {pid}) died")
+                raise self.ctx.error(rank, f"{self.ctx.name(rank)} (pid {pid}) died")
             if state in "Tt":
                 since = self._stopped_since.setdefault(rank, now)
                 if now - since > self.stopped_limit:
-                    raise self.ctx.error(rank, f"rank {rank} (pid {pid}) has been stopped for "
-                                         f"{now - since:.0f} s (RINGFLOW_HEARTBEAT_TIMEOUT)")
+                    raise self.ctx.error(rank, f"{self.ctx.name(rank)} (pid {pid}) has been "
+                                         f"stopped for {now - since:.0f} s "
+                                         "(RINGFLOW_HEARTBEAT_TIMEOUT)")
             else:
                 self._stopped_since.pop(rank, None)
 
@@ -280,7 +282,8 @@ class Channel:
             free = self.cap - (self.count - words[self.READ])
             if free == 0:
                 spin_wait(lambda: words[self.READ] > self.count - self.cap, deadline, self.check,
-                          lambda: f"rank {self.peer} to read", self.ctx, lambda: self.peer)
+                          lambda: f"{self.ctx.name(self.peer)} to read", self.ctx,
+                          lambda: self.peer)
                 continue
             at = self.count % self.cap
             k = min(free, len(data) - done, self.cap - at)
@@ -296,7 +299,8 @@ class Channel:
             avail = words[self.WRITTEN] - self.count
             if avail == 0:
                 spin_wait(lambda: words[self.WRITTEN] > self.count, deadline, self.check,
-                          lambda: f"data from rank {self.peer}", self.ctx, lambda: self.peer)
+                          lambda: f"data from {self.ctx.name(self.peer)}", self.ctx,
+                          lambda: self.peer)
                 continue
             at = self.count % self.cap
             k = min(avail, len(view) - done, self.cap - at)

@@ -80,7 +80,7 @@ class TcpLink:
                 pass
             except (OSError, ValueError) as exc:
                 if not self._stop.is_set() and not self.right_left_in_order:
-                    self._fail(self.right_rank, f"connection to rank {self.right_rank} "
+                    self._fail(self.right_rank, f"connection to {self.ctx.name(self.right_rank)} "
                                f"broke: {exc}")
                 if not self.right_left_in_order:
                     return None
@@ -88,14 +88,16 @@ class TcpLink:
                 return None
             if (not self.right_left_in_order
                     and time.monotonic() - last_seen > self._hb_timeout):
-                return self._fail(self.right_rank, f"no heartbeat from rank {self.right_rank} "
-                                  f"for {self._hb_timeout:g} s (RINGFLOW_HEARTBEAT_TIMEOUT): "
+                return self._fail(self.right_rank, "no heartbeat from "
+                                  f"{self.ctx.name(self.right_rank)} for {self._hb_timeout:g} s "
+                                  "(RINGFLOW_HEARTBEAT_TIMEOUT): "
                                   "process stopped or host unreachable")
             deadline = self._deadline
             if deadline is not None and deadline.expired():
                 return self._fail(self.left_rank, f"no progress for {deadline.seconds:g} s "
-                                  f"(RINGFLOW_COMM_TIMEOUT) waiting for rank {self.left_rank} "
-                                  f"(or sending to rank {self.right_rank})", timeout=True)
+                                  "(RINGFLOW_COMM_TIMEOUT) waiting for "
+                                  f"{self.ctx.name(self.left_rank)} "
+                                  f"(or sending to {self.ctx.name(self.right_rank)})", timeout=True)
         return None
 
     def _read_right(self) -> bool:
@@ -109,7 +111,7 @@ class TcpLink:
             return True
         if self.right_left_in_order:
             return True
-        self._fail(self.right_rank, f"rank {self.right_rank} closed its connection "
+        self._fail(self.right_rank, f"{self.ctx.name(self.right_rank)} closed its connection "
                    "(process exited or was killed)")
         return False
 
@@ -139,7 +141,7 @@ class TcpLink:
             self.check()
             if self.right_left_in_order:
                 raise self.ctx.error(self.right_rank, self._left_early()) from None
-            raise self.ctx.error(self.right_rank, f"sending to rank {self.right_rank} "
+            raise self.ctx.error(self.right_rank, f"sending to {self.ctx.name(self.right_rank)} "
                                  f"failed: {exc.strerror or exc}") from None
         finally:
             self._deadline = None
@@ -162,9 +164,9 @@ class TcpLink:
         return self.right_left_in_order
 
     def _left_early(self) -> str:
-        return (f"rank {self.right_rank} left early: it finished, said goodbye and closed its "
-                "connection, but this rank still has data to send to it (did every rank run "
-                "the same collectives?)")
+        return (f"{self.ctx.name(self.right_rank)} left early: it finished, said goodbye and "
+                "closed its connection, but this rank still has data to send to it (did every "
+                "rank run the same collectives?)")
 
     def recv_into(self, view: memoryview, deadline: Deadline) -> None:
         """Fill `view` from the left neighbour."""
@@ -183,8 +185,8 @@ class TcpLink:
                                          f"{self.left_rank} failed: {cause}") from None
                 if n == 0:
                     self.check()
-                    raise self.ctx.error(self.left_rank, f"rank {self.left_rank} closed its "
-                                         "connection (process exited or was killed, or "
+                    raise self.ctx.error(self.left_rank, f"{self.ctx.name(self.left_rank)} "
+                                         "closed its connection (process exited or was killed, or "
                                          "it finished before sending this data)")
                 got += n
         finally:
