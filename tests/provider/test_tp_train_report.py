@@ -76,7 +76,7 @@ def test_the_loss_plot_names_dag_run_and_task_labels_its_axes_and_marks_the_resu
     assert (tmp_path / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     title = outcome.plot_title(handle, "train")
     assert title == ("ringflow_tp_train / manual__1 / train (try 2)\n"
-                     "transformer, tensor parallel 2 x data parallel 1")
+                     "transformer, mp 2 x dp 1")
 
     fig = loss_figure(plt, report.history, title, resumed_from=120)
     try:

@@ -102,7 +102,7 @@ def plot_title(handle: JobHandle, task_id: str) -> str:
     task, mp = handle.task, handle.extra.get("mp_degree", 1)
     world = handle.extra.get("nproc_per_host", 1) * len(handle.hosts)
     return (f"{task.dag_id} / {task.run_id} / {task_id} (try {task.try_number})\n"
-            f"{handle.extra.get('model')}, tensor parallel {mp} x data parallel {world // mp}")
+            f"{handle.extra.get('model')}, mp {mp} x dp {world // mp}")
 
 
 def plot_folder(handle: JobHandle) -> Path:

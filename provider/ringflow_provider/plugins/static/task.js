@@ -11,7 +11,7 @@ const SUMMARY_ROWS = [
   ["final loss", s => fmt(s.final_loss, 5)],
   ["steps", s => fmt(s.steps, 9)],
   ["world size", s => fmt(s.world_size, 6)],
-  ["tensor parallel × data parallel", s => `${s.mp_degree} × ${s.dp_degree}`],
+  ["layout (mp × dp)", s => `mp ${s.mp_degree} × dp ${s.dp_degree}`],
   ["samples/s", s => fmt(s.samples_per_s, 5)],
   ["checkpoint", s => s.checkpoint || "–"],
   ["resumed from step", s => s.resumed_from === null || s.resumed_from === undefined
