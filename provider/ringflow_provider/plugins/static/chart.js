@@ -148,6 +148,15 @@ function logTicks(lo, hi) {
   return {lo: Math.pow(10, a), hi: Math.pow(10, b), ticks};
 }
 
+// One notation for every tick of an axis: small or huge values all in exponent form.
+function tickFormat(ticks) {
+  const big = Math.max(...ticks.map(Math.abs));
+  if (big !== 0 && (big < 0.01 || big >= 1e6)) {
+    return t => (t === 0 ? "0" : t.toExponential(2));
+  }
+  return t => fmt(t, 3);
+}
+
 // --- the chart -----------------------------------------------------------------------------------
 // spec: {title, xLabel, yLabel, logY, series: [{name, color, points: [[x, y]], join: [x, y]}],
 //        markers: [{x, label}], readout: element}
@@ -176,9 +185,10 @@ function lineChart(container, spec) {
                                   * (H - M.top - M.bottom);
   const grid = svg("g", {class: "grid"});
   root.appendChild(grid);
+  const yLabel = tickFormat(yAxis.ticks);
   for (const t of yAxis.ticks) {
     grid.appendChild(svg("line", {x1: M.left, x2: W - M.right, y1: py(t), y2: py(t)}));
-    root.appendChild(svg("text", {x: M.left - 6, y: py(t) + 4, "text-anchor": "end"}, fmt(t, 3)));
+    root.appendChild(svg("text", {x: M.left - 6, y: py(t) + 4, "text-anchor": "end"}, yLabel(t)));
   }
   for (const t of xAxis.ticks) {
     grid.appendChild(svg("line", {x1: px(t), x2: px(t), y1: M.top, y2: H - M.bottom}));
