@@ -107,10 +107,12 @@ def test_the_training_tab_draws_more_points_while_the_job_runs_and_all_after(
     summary = frame.locator("#summary-table")
     summary.wait_for()
     final_loss = api.xcom(DAG, runs["A"], TASK)["final_loss"]
-    assert "final loss" in summary.inner_text()
+    shown = dict(zip(summary.locator("th").all_inner_texts(),
+                     summary.locator("td").all_inner_texts()))
+    assert (shown["final loss"], shown["steps"], shown["layout (mp × dp)"]) == \
+        (f"{final_loss:.5g}", "400", "mp 2 × dp 1")
     assert frame.locator("#loss-chart text", has_text="step").count() >= 1   # axis labels
     assert frame.locator("#loss-chart text", has_text="loss (nats)").count() == 1
-    assert f"{final_loss:.5g}"[:4] in summary.inner_text()
     screenshot(page, "training-tab.png")
     frame.locator("#show-lr").check()
     lr = frame.locator("#lr-chart path.series")
