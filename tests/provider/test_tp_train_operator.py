@@ -125,6 +125,10 @@ def test_a_job_returns_its_summary_logs_progress_and_writes_checkpoints(make, tm
     assert "step 8/12  loss " in text and "samples/s  eta " in text
     assert "[train] metric" not in text            # machine lines become progress lines
     assert "loss by step:" in text
+    # each progress record carries its numbers as fields (what the UI's views read)
+    progress = [f for (_, m), f in zip(op.log.records, op.log.fields) if m.startswith("step ")]
+    assert [[f["step"], f["loss"]] for f in progress] == summary["loss_history"]
+    assert all(set(f) == {"step", "loss", "lr", "samples_per_s"} for f in progress)
     assert (tmp_path / "logs" / "workerlog.1").exists()
     assert shm_left() == []
 
@@ -403,6 +407,7 @@ def test_a_retry_resumes_from_the_newest_checkpoint_and_says_so(make, tmp_path):
                  global_batch_size=512, log_dir=str(tmp_path / "logs2"))
     summary = retry.execute(ctx(try_number=2))
     assert f"try 2: resuming from step {newest}" in log_text(retry)
+    assert {"resume_step": newest} in retry.log.fields
     assert summary["resumed_from"] == newest
     assert [s for s, _ in summary["loss_history"]] == [newest + 1, newest + 2, newest + 3]
 

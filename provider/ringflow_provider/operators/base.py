@@ -24,7 +24,7 @@ from ringflow_provider.jobs.masking import Secrets
 from ringflow_provider.launchers import launcher_for
 from ringflow_provider.launchers.base import Launcher
 from ringflow_provider.launchers.job import ON_EXISTING, JobHandle, TaskKey
-from ringflow_provider.launchers.lines import JobLine
+from ringflow_provider.launchers.lines import JobLine, log_fields
 from ringflow_provider.triggers.job import JobTrigger
 
 XCOM_JOB = "ringflow_job"
@@ -252,9 +252,11 @@ class RingflowJobOperator(BaseOperator):
         return watcher.attach(handle, on_line, offsets=offsets, tie=tie)
 
     def _show(self, line: JobLine) -> None:
-        """A line of the job in the task log, masked."""
+        """A line of the job in the task log, masked; a metric line's numbers as fields of its
+        record too (`log_fields`)."""
         level, text = self.present(line)
-        (self.log.info if level == "info" else self.log.warning)("%s", self._secrets.mask(text))
+        (self.log.info if level == "info" else self.log.warning)(
+            "%s", self._secrets.mask(text), **log_fields(line))
 
     def _check_triggerer_can_see(self, launcher: Launcher) -> None:
         """A job on this worker can be deferred only where the triggerer runs on the same

@@ -41,6 +41,7 @@ from ringflow_provider.launchers.job import JobHandle, TaskKey
 from ringflow_provider.launchers.lines import JobLine
 from ringflow_provider.launchers.local import ringflow_home
 from ringflow_provider.operators.base import RingflowJobOperator, flag
+from ringflow_provider.plugins.links import TrainingCurveLink
 from ringflow_provider.tp_train import outcome
 from ringflow_provider.tp_train.args import (
     base_port,
@@ -178,6 +179,8 @@ class TPTrainOperator(RingflowJobOperator):
         "secret_env": "json"}
     template_ext = ()
     ui_color = "#d8f0d2"
+    #: the task instance's "Training" tab in the UI (the plugin's pages)
+    operator_extra_links = (TrainingCurveLink(),)
     presenter = "tp_train"
 
     def __init__(self, *, model: str = "transformer", model_args: dict | str | None = None,
@@ -383,7 +386,7 @@ class TPTrainOperator(RingflowJobOperator):
                           latest.path, spec.steps)
         else:
             self.log.info("try %d: resuming from step %d (checkpoint %s)", task.try_number,
-                          latest.step, latest.path)
+                          latest.step, latest.path, resume_step=latest.step)
 
     # the job's lines ----------------------------------------------------------------------------
     def new_report(self) -> JobReport:

@@ -77,9 +77,8 @@ def summarize(handle: JobHandle, report: JobReport, task_id: str
     mp = handle.extra.get("mp_degree", 1)
     folder = plot_folder(handle)
     history_file = write_history(report.history, folder)
-    plot, said = plot_loss(report.history, folder / "loss.png",
-                           f"{task_id}: {handle.extra.get('model')}, mp {mp} x dp "
-                           f"{world // mp}")
+    plot, said = plot_loss(report.history, folder / "loss.png", plot_title(handle, task_id),
+                           job.get("resumed_from"))
     messages = [said]
     chart = text_chart(report.history)
     if chart:
@@ -98,6 +97,14 @@ def summarize(handle: JobHandle, report: JobReport, task_id: str
                        checkpoint=absolute(summary["checkpoint"], home),
                        log_dir=f"{first}:{absolute(handle.log_dir, home)}")
     return summary, messages
+
+
+def plot_title(handle: JobHandle, task_id: str) -> str:
+    """Which task's try the plot is of (DAG / run / task), and the job's layout."""
+    task, mp = handle.task, handle.extra.get("mp_degree", 1)
+    world = handle.extra.get("nproc_per_host", 1) * len(handle.hosts)
+    return (f"{task.dag_id} / {task.run_id} / {task_id} (try {task.try_number})\n"
+            f"{handle.extra.get('model')}, mp {mp} x dp {world // mp}")
 
 
 def plot_folder(handle: JobHandle) -> Path:

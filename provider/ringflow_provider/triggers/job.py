@@ -31,7 +31,7 @@ from ringflow_provider.jobs.masking import Secrets
 from ringflow_provider.launchers import commands
 from ringflow_provider.launchers.commands import Runtime
 from ringflow_provider.launchers.job import JobHandle, Part
-from ringflow_provider.launchers.lines import JobLine, lines_of
+from ringflow_provider.launchers.lines import JobLine, lines_of, log_fields
 
 CLASSPATH = "ringflow_provider.triggers.job.JobTrigger"
 PEEK_BYTES = 1 << 20
@@ -251,7 +251,8 @@ class JobTrigger(BaseTrigger):
 
     def _log_line(self, line: JobLine) -> None:
         level, text = self._present(line)
-        (self.log.info if level == "info" else self.log.warning)("%s", self._mask.mask(text))
+        (self.log.info if level == "info" else self.log.warning)(
+            "%s", self._mask.mask(text), **log_fields(line))
 
     async def _check_local_parts(self, handle: JobHandle) -> None:
         """A part on `this host` can only be watched on its host."""
