@@ -49,7 +49,7 @@ INSTANCE_SH = (SECRETS_SH + '"$@"; code=$?; printf "%s %s %s\\n" ' + EXIT_MARK +
 EXIT_LINE = re.compile(rf"^{EXIT_MARK} (\d+) (\d+(?:\.\d+)?)$")
 # A ringflow worker's own line, printed as it begins to exit, before its rings close (so
 # before any peer can fail because of it): with RINGFLOW_REPORT_EXIT_TIME=1 in its env.
-RANK_EXIT_LINE = re.compile(r"^ringflow-exit-time (\d+(?:\.\d+)?)( after-peer-failure)?$")
+RANK_EXIT_LINE = re.compile(r"^ringflow-exit-time (\d+(?:\.\d+)?)( after-peer-failure(?: \d+)?)?\Z")
 # mpirun's own report of the first failure (Open MPI 4 and 5).
 FAILED_RANK = re.compile(r"Process name:\s*\[\[\d+,\d+\],(\d+)\]")
 FAILED_CODE = re.compile(r"Exit code:\s*(-?\d+)")
