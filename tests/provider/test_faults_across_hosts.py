@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
-import signal
 import threading
 import time
 import uuid
