@@ -46,10 +46,14 @@ sysdeps:
 	fi
 
 # The demo's Airflow home lives in the checkout (ignored by git): SQLite, the embedded default,
-# migrated on the first run only; the DAGs are this checkout's dags/.
+# migrated on the first run only; the DAGs are this checkout's dags/. ringflow's folders (the
+# runs' worker logs and plots, the checkpoints, the jobs' state) go into it too, as
+# $(DEMO_HOME)/ringflow, not ~/.ringflow (shared by every checkout): `make clean` removes
+# them with it. DEMO_CONF is the run's conf, e.g. make demo DEMO_CONF='{"steps": 50}'.
 DEMO_HOME := $(CURDIR)/.airflow
 DEMO_ENV  := AIRFLOW_HOME=$(DEMO_HOME) AIRFLOW__CORE__DAGS_FOLDER=$(CURDIR)/dags \
-	AIRFLOW__CORE__LOAD_EXAMPLES=False
+	AIRFLOW__CORE__LOAD_EXAMPLES=False RINGFLOW_HOME=$(DEMO_HOME)/ringflow
+DEMO_CONF ?=
 
 demo: $(STAMP)
 	@mkdir -p $(DEMO_HOME)
@@ -58,7 +62,7 @@ demo: $(STAMP)
 		$(DEMO_ENV) $(VENV)/bin/airflow db migrate >$(DEMO_HOME)/migrate.log 2>&1 \
 			|| { tail -30 $(DEMO_HOME)/migrate.log; rm -f $(DEMO_HOME)/airflow.db; exit 1; }; \
 	fi
-	$(DEMO_ENV) $(VENV)/bin/airflow dags test ringflow_tp_train
+	$(DEMO_ENV) $(VENV)/bin/airflow dags test ringflow_tp_train $(if $(DEMO_CONF),-c '$(DEMO_CONF)')
 	@$(DEMO_ENV) $(PY) scripts/demo_summary.py ringflow_tp_train train
 
 lint: $(STAMP)

@@ -1,6 +1,6 @@
 """Parallel-training benchmark (issue 10): steps per second of one training step of the MLP
 of train_step.py (A: 1024 -> 4 x 1024 -> 10, batch 256; B: 1024 -> 4 x 4096 -> 10, batch
-64) and of a GPT from ringflow.models (T), float32, Adam, as
+64) and of a transformer from ringflow.models (T), float32, Adam, as
 
 - one process with 2 BLAS threads: ringflow, and the hand-written numpy floor (MLP only);
 - 2 ranks x 1 thread: ringflow dp=2 and mp=2, over shared memory and over TCP, and PyTorch
@@ -38,7 +38,7 @@ import train_step as ts  # noqa: E402  (the floor, the torch venv, the load prob
 
 SHAPES = {"A": (1024, 256), "B": (4096, 64), "T": (256, 32)}   # hidden, global batch
 STEPS = {"A": (3, 12), "B": (2, 6), "T": (3, 12)}               # warm-up, timed
-GPT = dict(vocab_size=2048, seq_len=64, num_heads=8, num_layers=4)
+TRANSFORMER = dict(vocab_size=2048, seq_len=64, num_heads=8, num_layers=4)
 # row -> (kind, ranks, mp degree, transport[, sharding stage])
 ROWS = {
     "numpy-1p": ("numpy", 1, 1, None),
@@ -64,7 +64,7 @@ QUIET = ts.QUIET
 # --------------------------------------------------------------------------------- workers
 def ringflow_model(shape: str, mp: int):
     """(main, startup, loss, batch function) for the MLP (Megatron-style: column then row
-    parallel, so every degree computes the serial model) or the GPT."""
+    parallel, so every degree computes the serial model) or the transformer."""
     import ringflow as rf
     from ringflow.distributed import fleet
 
@@ -73,7 +73,7 @@ def ringflow_model(shape: str, mp: int):
     main.random_seed = startup.random_seed = 0
     with rf.program_guard(main, startup):
         if shape == "T":
-            model = rf.models.transformer(hidden_size=hidden, mp_degree=mp, **GPT)
+            model = rf.models.transformer(hidden_size=hidden, mp_degree=mp, **TRANSFORMER)
             loss, make = model.loss, model.make_batch
         else:
             loss, make = _mlp(rf, hidden, mp)

@@ -1,7 +1,7 @@
 """Launch a Graphcore PopRun job over SSH with ringflow's `PopRunOperator`.
 
-**Connection to create first**: type `ssh`, id `ssh_default` (or the id you give the
-`ssh_conn_id` param): the login and a private key (extra `key_file` or `private_key`) that
+**Connection to create first**: type `ssh`, id `ssh_default` (or the id in `SSH_CONN_ID`
+below): the login and a private key (extra `key_file` or `private_key`) that
 every host of the job accepts; the connection's port is used, its host is replaced by each job
 host. Host keys are verified (apache-airflow-providers-ssh 7): put the hosts in the worker's
 `known_hosts`, or set the `host_key` extra (or, accepting the risk, `no_host_key_check`):
@@ -12,20 +12,33 @@ host. Host keys are verified (apache-airflow-providers-ssh 7): put the hosts in 
 poprun then starts the instances on the other hosts through mpirun, which needs passwordless
 SSH from the launch host (the first host unless `launch_host` is set) to every host.
 
-Every PopRun field but three is a param of the trigger form; **params reach the hosts**
-(hosts, script arguments and `extra_env` end up on poprun's command line there), so whoever
-may trigger this DAG may run that script with those arguments. Which connection, interpreter
-and poprun executable a run uses is the DAG author's choice, not the trigger form's: edit
-`SSH_CONN_ID`, `PYTHON` and `POPRUN` below. Secrets do not belong in params (a run's conf is
-stored and shown as given): give them as `secret_env={"NAME": "{{ var.value.name }}"}` in
-the operator, which sends them over SSH's stdin, never on a command line. `dry_run` is on by
-default: the task only renders, validates and logs the command; switch it off to run the
-job. `ringflow_job` makes a job id and a secret job token per try for instances that are
-ringflow workers.
+**Params reach the hosts**, so the trigger form offers only typed values and the choices you
+allow: whoever may trigger this DAG picks the hosts among the host lists of the Airflow
+Variable `ringflow_poprun_hosts` (a JSON list; a host list is a comma-separated string or a
+list of names; read when this file is parsed; unset: `localhost`), the launch host among
+their hosts, and the training's hyperparameters (`steps`, `learning_rate`), which
+`TRAINING_SCRIPT_ARGS` below maps into the script's arguments. The script is yours: the
+Airflow Variable `ringflow_poprun_script` (read when the task runs), else `train.py`. Which
+connection, interpreter, poprun executable and mpirun or poprun options a run uses is yours
+too: edit `SSH_CONN_ID`, `PYTHON`, `POPRUN`, `MPI_GLOBAL_ARGS` and `EXTRA_POPRUN_ARGS`.
+Airflow refuses a run whose conf says anything else:
+
+    airflow variables set ringflow_poprun_hosts '["ipu-a,ipu-b", ["ipu-c", "ipu-d"]]'
+    airflow variables set ringflow_poprun_script /opt/models/train.py
+
+Give the connection an `allowed_hosts` extra too (`{"allowed_hosts": ["ipu-*"]}`): the task
+refuses, before connecting, a host (or launch host) it does not list. `extra_env` values reach
+every instance (`mpirun -x`). Secrets do not belong in params (a run's conf is stored and
+shown as given): give them as `secret_env={"NAME": "{{ var.value.name }}"}` in the operator,
+which sends them over SSH's stdin, never on a command line. `dry_run` is on by default: the
+task only renders, validates and logs the command; switch it off to run the job.
+`ringflow_job` makes a job id and a secret job token per try for instances that are ringflow
+workers.
 
 **Without IPUs**: with `POPRUN = "ringflow-poprun"` the same command runs on CPU hosts, on
 Open MPI's mpirun (installed on every host); the ringflow runtime is shipped to the hosts
-first. The training script must then run on CPU: `examples/poprun_dp_train.py` is one.
+first. The training script must then run on CPU: `examples/poprun_dp_train.py` is one (it
+takes `--steps` and `--learning-rate`).
 """
 
 from __future__ import annotations
@@ -33,21 +46,29 @@ from __future__ import annotations
 from airflow.sdk import DAG, Param
 
 from ringflow_provider.operators.poprun import PopRunOperator
+from ringflow_provider.tp_train import variable_choices
 
-JOB, OPTIONS, RUN = "PopRun job", "PopRun options", "How to run"
+JOB, TRAINING, OPTIONS, RUN = "PopRun job", "Training", "PopRun options", "How to run"
 SSH_CONN_ID = "ssh_default"  # an Airflow connection of type ssh that reaches every host
 PYTHON = "python3"           # the interpreter on the hosts
 POPRUN = "poprun"            # the poprun executable on the launch host ("ringflow-poprun": CPU)
-
-
-def _list_param(default: list, description: str, section: str = OPTIONS) -> Param:
-    return Param(default, type="array", items={"type": "string"}, description=description,
-                 section=section)
-
+#: the host lists the form offers (the first: the default)
+HOST_LISTS = variable_choices("ringflow_poprun_hosts", ["localhost"])
+#: the launch hosts it offers (empty: the first host of the list chosen)
+LAUNCH_HOSTS = [None, *sorted({h.strip() for hosts in HOST_LISTS
+                               for h in str(hosts).split(",")})]
+#: the script every instance runs, a path on the hosts
+TRAINING_SCRIPT = "{{ var.value.get('ringflow_poprun_script', 'train.py') }}"
+#: its arguments: made from the typed params only
+TRAINING_SCRIPT_ARGS = ["--steps", "{{ params.steps }}",
+                        "--learning-rate", "{{ params.learning_rate }}"]
+MPI_GLOBAL_ARGS: list[str] = []    # mpirun options, one token per item (--mpi-global-args)
+EXTRA_POPRUN_ARGS: list[str] = []  # further poprun flags, e.g. --executable-cache-path=DIR
 
 PARAMS = {
-    "hosts": Param("localhost", type="string", minLength=1, section=JOB,
-                   description="Hosts that run instances, comma-separated (hostnames or IPv4)"),
+    "hosts": Param(HOST_LISTS[0], type="string", enum=HOST_LISTS, section=JOB,
+                   description="Hosts that run instances, comma-separated; the choices: "
+                               "Airflow Variable ringflow_poprun_hosts"),
     "nproc_per_host": Param(2, type="integer", minimum=1, section=JOB,
                             description="PopRun instances per host"),
     "ipus_per_replica": Param(1, type="integer", minimum=1, section=JOB,
@@ -59,10 +80,11 @@ PARAMS = {
                            description="V-IPU partition (--vipu-partition)"),
     "vipu_server": Param("127.0.0.1", type="string", minLength=1, section=JOB,
                          description="V-IPU server host (--vipu-server-host)"),
-    "training_script": Param("train.py", type="string", minLength=1, section=JOB,
-                             description="Script every instance runs, as a path on the hosts"),
-    "training_script_args": _list_param([], "Arguments of the training script, one per item",
-                                         JOB),
+    "steps": Param(10, type="integer", minimum=1, maximum=1_000_000, section=TRAINING,
+                   description="Training steps (the script's --steps)"),
+    "learning_rate": Param(0.1, type="number", exclusiveMinimum=0, maximum=10,
+                           section=TRAINING,
+                           description="The optimizer's learning rate (--learning-rate)"),
     "popart_log_level": Param(None, type=["null", "string"], section=OPTIONS,
                               enum=[None, "TRACE", "DEBUG", "INFO", "WARN", "ERR", "CRITICAL",
                                     "OFF"],
@@ -76,15 +98,11 @@ PARAMS = {
     "print_topology": Param(True, type="boolean", section=OPTIONS,
                             description="--print-topology"),
     "numa_aware": Param(True, type="boolean", section=OPTIONS, description="--numa-aware"),
-    "mpi_global_args": _list_param([], "mpirun options, one token per item "
-                                       "(--mpi-global-args)"),
-    "extra_poprun_args": _list_param([], "Further poprun flags, e.g. "
-                                         "--executable-cache-path=DIR"),
     "extra_env": Param({}, type="object", additionalProperties={"type": "string"},
                        section=OPTIONS,
                        description="Variables exported to every instance (mpirun -x NAME=VALUE)."
                                    " Not for secrets: trigger params are stored and shown"),
-    "launch_host": Param(None, type=["null", "string"], section=RUN,
+    "launch_host": Param(None, type=["null", "string"], enum=LAUNCH_HOSTS, section=RUN,
                          description="Host that runs poprun; empty: the first of hosts"),
     "dry_run": Param(True, type="boolean", section=RUN,
                      description="Only render, validate and log the command; no SSH"),
@@ -116,8 +134,8 @@ with DAG(
         num_ipus="{{ params.num_ipus }}",
         ipu_partition="{{ params.ipu_partition }}",
         vipu_server="{{ params.vipu_server }}",
-        training_script="{{ params.training_script }}",
-        training_script_args="{{ params.training_script_args | tojson }}",
+        training_script=TRAINING_SCRIPT,
+        training_script_args=TRAINING_SCRIPT_ARGS,
         python=PYTHON,
         popart_log_level="{{ params.popart_log_level or '' }}",
         endpoint_port="{{ params.endpoint_port }}",
@@ -125,8 +143,8 @@ with DAG(
         vipu_server_timeout="{{ params.vipu_server_timeout }}",
         print_topology="{{ params.print_topology }}",
         numa_aware="{{ params.numa_aware }}",
-        mpi_global_args="{{ params.mpi_global_args | tojson }}",
-        extra_poprun_args="{{ params.extra_poprun_args | tojson }}",
+        mpi_global_args=MPI_GLOBAL_ARGS,
+        extra_poprun_args=EXTRA_POPRUN_ARGS,
         extra_env="{{ params.extra_env | tojson }}",
         poprun=POPRUN,
         ssh_conn_id=SSH_CONN_ID,

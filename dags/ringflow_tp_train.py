@@ -1,4 +1,4 @@
-"""Train a small GPT (or an MLP) with tensor and data parallelism on this Airflow worker's
+"""Train a small transformer (or an MLP) with tensor and data parallelism on this Airflow worker's
 CPU, with ringflow's `TPTrainOperator`.
 
 `nproc_per_host` worker processes (ranks) run the job: `tensor_parallel_degree` consecutive
@@ -16,12 +16,24 @@ With the "Hosts" params set (`{"hosts": "trainer-a,trainer-b"}`), the same job r
 hosts over SSH (or Open MPI's mpirun) instead: `nproc_per_host` ranks on each, tensor
 parallel inside a host, data parallel across; checkpoints on each host's disk.
 
-Params reach the training processes; trigger them from the UI's form or with
-`airflow dags trigger ringflow_tp_train -c '{"steps": 50}'`; debug a change with
-`airflow tasks test ringflow_tp_train train -t '{"steps": 30}'`. The job runs detached from
-the task under ringflow's supervisor: with `deferrable` the triggerer watches it and the
-worker slot is free while it trains; a retry attaches to the previous try's job if it still
-runs (`on_existing`), else resumes from its newest checkpoint (under `~/.ringflow/checkpoints/`).
+**Params reach the hosts**: whoever may trigger this DAG chooses where the job runs, with which
+connection's credentials and interpreter. So the form offers only what you allow: the host
+lists in the Airflow Variable `ringflow_tp_train_hosts` (a JSON list; a host list is a
+comma-separated string or a list of names; read when this file is parsed; unset: none, the
+job runs on this worker), the connections in `SSH_CONN_IDS` and the interpreters in `PYTHONS`
+below; Airflow refuses a run whose conf names anything else:
+
+    airflow variables set ringflow_tp_train_hosts '["trainer-a,trainer-b", ["gpu-1", "gpu-2"]]'
+
+Give the connection an `allowed_hosts` extra too (`{"allowed_hosts": ["trainer-*"]}`): every
+ringflow task refuses, before connecting, a host it does not list.
+
+Trigger from the UI's form or with `airflow dags trigger ringflow_tp_train -c '{"steps":
+50}'`; debug a change with `airflow tasks test ringflow_tp_train train -t '{"steps": 30}'`.
+The job runs detached from the task under ringflow's supervisor: with `deferrable` the
+triggerer watches it and the worker slot is free while it trains; a retry attaches to the
+previous try's job if it still runs (`on_existing`), else resumes from its newest checkpoint
+(under `~/.ringflow/checkpoints/`).
 """
 
 from __future__ import annotations
@@ -32,14 +44,19 @@ from ringflow_provider import tp_train
 from ringflow_provider.operators.tp_train import TPTrainOperator
 
 JOB, LAYOUT, HOSTS, RUN = "Training job", "Layout", "Hosts", "Run"
+#: the host lists the form offers (null: this Airflow worker), from the Variable
+HOST_LISTS = [None, *tp_train.variable_choices("ringflow_tp_train_hosts")]
+#: the ssh connections and the hosts' interpreters the form offers (the first: the default)
+SSH_CONN_IDS = ["ssh_default"]
+PYTHONS = ["python3"]
 
 # What a value may be (type, bounds, choices, pattern) comes from the operator's own rules
 # (`tp_train.params`); this says only how each param is shown, its default and a narrower
 # choice (the built-in models), so the form cannot offer what the operator refuses.
 PARAMS = tp_train.params({
     "model": {"default": "transformer", "enum": ["transformer", "mlp"], "section": JOB,
-              "description": "Built-in model: a small GPT on a synthetic next-token task, "
-                             "or an MLP classifier"},
+              "description": "Built-in model: a small transformer on a synthetic next-token "
+                             "task, or an MLP classifier"},
     "steps": {"default": 200, "section": JOB,
               "description": "Training steps in total (a resumed try continues to this)"},
     "global_batch_size": {"default": 32, "section": JOB,
@@ -69,18 +86,19 @@ PARAMS = tp_train.params({
                        "description": "Shard the optimizer state (1), and the gradients too "
                                       "(2), over the data-parallel ranks; 0: off"},
     # null, not "": the trigger form sends an emptied text field as null
-    "hosts": {"default": None, "section": HOSTS,
+    "hosts": {"default": None, "enum": HOST_LISTS, "section": HOSTS,
               "description": "Train on these hosts over SSH instead of this worker: "
                              "hostnames or addresses, comma-separated, nproc_per_host "
                              "ranks on each (each needs python3 and numpy; ringflow is "
-                             "shipped to them). Empty: this Airflow worker"},
+                             "shipped to them). Empty: this Airflow worker. The "
+                             "choices: Airflow Variable ringflow_tp_train_hosts"},
     "launcher": {"default": "ssh", "section": HOSTS,
                  "description": "With hosts: one launcher agent per host over SSH, or all of "
                                 "them started by Open MPI's mpirun on the first host"},
-    "ssh_conn_id": {"default": "ssh_default", "section": HOSTS,
+    "ssh_conn_id": {"default": SSH_CONN_IDS[0], "enum": SSH_CONN_IDS, "section": HOSTS,
                     "description": "With hosts: the ssh connection that reaches them (its "
                                    "host is replaced by each host)"},
-    "python": {"default": "python3", "section": HOSTS,
+    "python": {"default": PYTHONS[0], "enum": PYTHONS, "section": HOSTS,
                "description": "With hosts: the interpreter on the hosts"},
     "log_every": {"default": 10, "section": RUN,
                   "description": "A progress line every this many steps"},

@@ -8,7 +8,7 @@ PADDLE_TRAINER_ID, PADDLE_CURRENT_ENDPOINT, PADDLE_RANK_IN_NODE) and the job id 
 its slice of each global batch; the gradients are averaged across instances, so the losses
 are one process's on the whole batch. Rank 0 prints the global loss per step.
 
-    python poprun_dp_train.py [--steps N] [--fail-rank R --fail-step S]
+    python poprun_dp_train.py [--steps N] [--learning-rate LR] [--fail-rank R --fail-step S]
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ GLOBAL_BATCH = 16
 FEATURES, HIDDEN, CLASSES = 8, 16, 4
 
 
-def build(fleet):
+def build(fleet, learning_rate: float = 0.1):
     main, startup = rf.Program(), rf.Program()
     startup.random_seed = 7  # every replica starts from the same weights
     with rf.program_guard(main, startup):
@@ -37,13 +37,14 @@ def build(fleet):
         strategy = fleet.DistributedStrategy()
         strategy.tensor_parallel = True  # degree 1: data parallel over every rank
         strategy.tensor_parallel_configs = {"tensor_parallel_degree": 1}
-        fleet.distributed_optimizer(rf.optimizer.SGD(0.1), strategy).minimize(loss)
+        fleet.distributed_optimizer(rf.optimizer.SGD(learning_rate), strategy).minimize(loss)
     return main, startup, loss
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--learning-rate", type=float, default=0.1)
     parser.add_argument("--fail-rank", type=int, default=None)
     parser.add_argument("--fail-step", type=int, default=0)
     args = parser.parse_args(argv)
@@ -55,7 +56,7 @@ def main(argv: list[str]) -> int:
         print(f"rank {rank}: {world} replicas do not divide the batch of {GLOBAL_BATCH}")
         return 2
     print(f"rank {rank} of {world} at {fleet.worker_endpoints()[rank]}", flush=True)
-    main_program, startup, loss = build(fleet)
+    main_program, startup, loss = build(fleet, args.learning_rate)
     exe = rf.Executor()
     exe.run(startup)
     if world > 1:

@@ -119,8 +119,8 @@ def show(dag_id: str, task_id: str, found: dict[str, Any]) -> int:
     history = summary["loss_history"]
     if history:
         print(f"loss {history[0][1]:.4f} at step {history[0][0]} -> {summary['final_loss']:.4f} "
-              f"at step {summary['steps']}  ({summary['world_size']} ranks: tensor parallel "
-              f"{summary['mp_degree']} x data parallel {summary['dp_degree']}, "
+              f"at step {summary['steps']}  ({summary['world_size']} ranks: mp "
+              f"{summary['mp_degree']} x dp {summary['dp_degree']}, "
               f"{summary['samples_per_s']:,.0f} samples/s)")
     print(f"checkpoint  {summary['checkpoint']}")
     print(f"worker logs {summary['log_dir']}")

@@ -33,6 +33,9 @@ os.environ.update(
     AIRFLOW__CORE__UNIT_TEST_MODE="False",
     # TPTrainOperator's default log and checkpoint folders: inside the run's home, not ~
     RINGFLOW_HOME=str(AIRFLOW_HOME / "ringflow"),
+    # the host lists the PopRun example DAG's form offers (Airflow Variable), as a deployment
+    # sets them: the tests' hosts; read when the DAG file is parsed
+    AIRFLOW_VAR_RINGFLOW_POPRUN_HOSTS='["localhost", "n1,n2", "127.0.0.1"]',
 )
 
 

@@ -5,6 +5,7 @@ an `AirflowFailException`, which Airflow fails at once, without retries.
 
     RingflowException(AirflowException)
     +-- RingflowConfigException(+AirflowFailException)  an argument or the setup is refused
+    |   +-- RingflowHostNotAllowedException     a host outside its connection's allowed_hosts
     +-- RingflowLaunchException                 the job could not be started or watched
     |   +-- RingflowHostUnreachableException    a host could not be reached (or was lost)
     +-- RingflowJobFailedException              the job ran and failed (exit_code, host)
@@ -17,6 +18,7 @@ from __future__ import annotations
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from ringflow.errors import HostUnreachableError, LaunchError
+from ringflow_provider.hooks.allowed_hosts import HostNotAllowedError
 
 
 class RingflowException(AirflowException):
@@ -25,6 +27,11 @@ class RingflowException(AirflowException):
 
 class RingflowConfigException(RingflowException, AirflowFailException):
     """An argument (as rendered) or the deployment is refused; not retried."""
+
+
+class RingflowHostNotAllowedException(RingflowConfigException):
+    """A host of the job is not among the ``allowed_hosts`` extra of the ssh connection that
+    would reach it; refused before any SSH connection is opened, not retried."""
 
 
 class RingflowLaunchException(RingflowException):
@@ -57,8 +64,11 @@ class RingflowJobKilledException(RingflowException):
     """The job was stopped because Airflow killed the task (on_kill)."""
 
 
-def launch_exception(exc: LaunchError, message: str) -> RingflowLaunchException:
+def launch_exception(exc: LaunchError, message: str
+                     ) -> RingflowLaunchException | RingflowHostNotAllowedException:
     """The task's exception for a launcher error (`message`: its text, masked)."""
+    if isinstance(exc, HostNotAllowedError):
+        return RingflowHostNotAllowedException(message)
     if isinstance(exc, HostUnreachableError):
         return RingflowHostUnreachableException(message)
     return RingflowLaunchException(message)

@@ -6,6 +6,7 @@ or restarting it from a checkpoint)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -186,10 +187,8 @@ def test_a_retry_after_the_task_process_was_killed_attaches_or_restarts(airflow_
                        "try 1's job to stop with its task process", step=0.2)
     finally:
         for pid in ranks:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
     api.wait_for_run(DAG, run, timeout=240)
     ti = api.task_instance(DAG, run, TASK)
     assert ti["try_number"] == 2

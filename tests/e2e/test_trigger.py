@@ -25,14 +25,15 @@ class DagCase:
     `conf` holds the params a user changes in the trigger form; the others keep their
     defaults (the UI sends them all, and so do these tests). `expected` holds keys of the
     task's return value (its XCom) and their values, or a predicate over the value.
-    `invalid_conf` breaks one param's schema; the API must refuse it with 400, naming it.
+    Each of `invalid_confs` breaks one param's schema (a bound, or a choice the DAG author
+    does not allow: a host, a connection); the API must refuse it with 400, naming it.
     """
 
     dag_id: str
     task_id: str
     conf: dict[str, Any]
     expected: dict[str, Any]
-    invalid_conf: dict[str, Any]
+    invalid_confs: tuple[dict[str, Any], ...]
     run_timeout_s: float = 90.0
 
     def __str__(self) -> str:
@@ -49,8 +50,9 @@ DAG_CASES = [
                       "argv": lambda argv: "--host=n1,n2" in argv
                       and any(arg.endswith(" -x RUN_TOKEN") for arg in argv)  # bare
                       and not any("tok-e2e-4410" in arg for arg in argv)},
-            invalid_conf={"num_ipus": 0}),
-    # The main job: the transformer, tensor parallel 2 on 2 local ranks, fewer steps.
+            invalid_confs=({"num_ipus": 0}, {"hosts": "evil.example"},
+                           {"launch_host": "evil.example"})),
+    # The main job: the transformer, mp 2 x dp 1 on 2 local ranks, fewer steps.
     DagCase("ringflow_tp_train", "train",
             conf={"steps": 20, "log_every": 5, "seed": 3},
             expected={"steps": 20, "world_size": 2, "mp_degree": 2, "dp_degree": 1,
@@ -58,7 +60,9 @@ DAG_CASES = [
                       "loss_history": lambda h: [s for s, _ in h] == [1, 5, 10, 15, 20]
                       and h[-1][1] < h[0][1],
                       "final_loss": lambda v: isinstance(v, float) and math.isfinite(v)},
-            invalid_conf={"steps": 0}, run_timeout_s=180),
+            invalid_confs=({"steps": 0}, {"hosts": "evil.example"},
+                           {"ssh_conn_id": "ssh_attacker"}, {"python": "/tmp/evil"}),
+            run_timeout_s=180),
 ]
 
 
@@ -111,12 +115,14 @@ def test_rest_trigger_with_a_conf_the_params_refuse_is_400_and_creates_no_run(
     api = airflow_services.api
     api.unpause(case.dag_id)
     before = api.run_ids(case.dag_id)
-    (param,) = case.invalid_conf
+    refused = {}
+    for invalid in case.invalid_confs:
+        (param,) = invalid
+        response = api.trigger(case.dag_id, api.form_conf(case.dag_id, **invalid))
+        refused[param] = (response.status_code, f"Invalid input for param {param}:"
+                          in response.json().get("detail", ""))
 
-    response = api.trigger(case.dag_id, api.form_conf(case.dag_id, **case.invalid_conf))
-
-    assert response.status_code == 400, response.text
-    assert f"Invalid input for param {param}:" in response.json()["detail"]
+    assert refused == {param: (400, True) for conf in case.invalid_confs for param in conf}
     assert api.run_ids(case.dag_id) == before
 
 

@@ -79,19 +79,29 @@ def test_example_dags_import_with_zero_errors():
     assert bag.import_errors == {}
     dag = bag.dags["ringflow_poprun"]
     assert [t.task_id for t in dag.tasks] == ["poprun"]
-    # The trigger form shows the PopRun fields and the run switches, each typed and described;
-    # not which connection, interpreter or executable runs (free text there could reach any
-    # host or run anything), nor secrets (a run's conf is stored and shown as given).
+    # The trigger form shows the PopRun fields and the run switches, each typed and described,
+    # and typed hyperparameters; not which connection, interpreter, executable, script or
+    # options run (free text there could reach any host or run anything), nor secrets (a
+    # run's conf is stored and shown as given).
     assert set(dag.params.keys()) == {*FIELD_NAMES, "launch_host", "dry_run", "ringflow_job",
-                                      "deferrable", "poll_interval"} - {
-        "python", "poprun", "secret_env"}
-    assert (dag.tasks[0].ssh_conn_id, dag.tasks[0].python, dag.tasks[0].poprun) == (
-        "ssh_default", "python3", "poprun")
+                                      "deferrable", "poll_interval", "steps",
+                                      "learning_rate"} - {
+        "python", "poprun", "secret_env", "training_script", "training_script_args",
+        "mpi_global_args", "extra_poprun_args"}
+    task = dag.tasks[0]
+    assert (task.ssh_conn_id, task.python, task.poprun, task.mpi_global_args,
+            task.extra_poprun_args) == ("ssh_default", "python3", "poprun", [], [])
+    assert task.training_script_args == ["--steps", "{{ params.steps }}",
+                                         "--learning-rate", "{{ params.learning_rate }}"]
     for name in dag.params:
         param = dag.params.get_param(name)
         assert param.schema.get("type") and param.description, name
     assert dag.params.get_param("extra_env").schema["type"] == "object"
-    assert dag.params.get_param("training_script_args").schema["type"] == "array"
+    # the hosts and launch hosts the form offers: Airflow Variable ringflow_poprun_hosts
+    # (tests/airflow_env.py sets it for the run)
+    assert dag.params.get_param("hosts").schema["enum"] == ["localhost", "n1,n2", "127.0.0.1"]
+    assert dag.params.get_param("launch_host").schema["enum"] == [
+        None, "127.0.0.1", "localhost", "n1", "n2"]
     assert dag.params["dry_run"] is True
     assert "Connection to create first**: type `ssh`, id `ssh_default`" in dag.doc_md
 
@@ -135,9 +145,10 @@ def test_templated_arguments_are_validated_when_the_task_runs():
 
 @pytest.mark.slow
 def test_airflow_tasks_test_renders_params_into_a_dry_run(airflow_home):
-    params = {"hosts": "n1, n2", "num_ipus": 8, "training_script_args": ["--lr", "0.1 x"],
+    params = {"hosts": "n1,n2", "num_ipus": 8, "steps": 30, "learning_rate": 0.05,
               "extra_env": {"API_TOKEN": "tok-dry-7731"}, "popart_log_level": "INFO"}
-    out = airflow("tasks", "test", "ringflow_poprun", "poprun", "-t", json.dumps(params))
+    out = airflow("tasks", "test", "ringflow_poprun", "poprun", "-t", json.dumps(params),
+                  env={"AIRFLOW_VAR_RINGFLOW_POPRUN_SCRIPT": "/opt/models/train.py"})
     log = out.stdout + out.stderr
     assert out.returncode == 0, log[-3000:]
     assert ("PopRun job: 4 instance(s) (2 per host on 2 hosts: n1,n2), 8 replica(s) of 1 "
@@ -151,7 +162,9 @@ def test_airflow_tasks_test_renders_params_into_a_dry_run(airflow_home):
         "    '--mpi-local-args=-x POPART_LOG_LEVEL=INFO -x PADDLE_TRAINERS_NUM=4 "
         "-x PADDLE_TRAINER_ENDPOINTS=n1:8090,n2:8090 -x API_TOKEN' \\",  # its value: over stdin
     ]) in log
-    assert "    python3 \\\n    train.py \\\n    --lr \\\n    '0.1 x'" in log
+    # the DAG author's script (its Variable) with the typed params as its arguments
+    assert ("    python3 \\\n    /opt/models/train.py \\\n    --steps \\\n    30 \\\n"
+            "    --learning-rate \\\n    0.05") in log
     assert ("dry_run: validated and rendered only; nothing was started (with dry_run False it "
             "runs on n1 over SSH connection 'ssh_default')") in log
     assert "tok-dry-7731" not in log
@@ -163,6 +176,12 @@ def as_ssh_default(conn_id: str) -> dict[str, str]:
     return {"AIRFLOW_CONN_SSH_DEFAULT": os.environ[f"AIRFLOW_CONN_{conn_id.upper()}"]}
 
 
+def script_variable(script) -> dict[str, str]:
+    """The environment that makes `script` the example DAG's training script (its Airflow
+    Variable ringflow_poprun_script: the trigger form does not offer the script)."""
+    return {"AIRFLOW_VAR_RINGFLOW_POPRUN_SCRIPT": str(script)}
+
+
 @pytest.mark.slow
 @pytest.mark.ssh
 def test_airflow_tasks_test_runs_the_job_over_ssh_with_secrets_masked(airflow_home, sshd,
@@ -171,10 +190,9 @@ def test_airflow_tasks_test_runs_the_job_over_ssh_with_secrets_masked(airflow_ho
     script.write_text("import os\nprint('instance', os.environ['PADDLE_TRAINER_ID'],\n"
                       "      os.environ['API_TOKEN'], os.environ['ECHO_PW'], flush=True)\n")
     params = {"dry_run": False, "hosts": "127.0.0.1", "nproc_per_host": 1, "num_ipus": 2,
-              "training_script": str(script),
               # The connection's password, echoed by the job, must be masked too.
               "extra_env": {"API_TOKEN": "tok-live-5521", "ECHO_PW": "conn-pw-Zq81"}}
-    conn_env = as_ssh_default(CONN_ID)
+    conn_env = {**as_ssh_default(CONN_ID), **script_variable(script)}
     out = airflow("tasks", "test", "ringflow_poprun", "poprun", "-t", json.dumps(params),
                   env=conn_env)
     log = out.stdout + out.stderr
@@ -199,9 +217,8 @@ def test_sigterm_to_the_task_runs_on_kill_and_leaves_no_remote_process(airflow_h
     """Airflow's SIGTERM handler calls on_kill, then execute resumes: the task must fail."""
     script = sshd.work_dir / "train_sigterm.py"
     script.write_text("import time\nprint('ready', flush=True)\ntime.sleep(300)\n")
-    params = {"dry_run": False, "hosts": "127.0.0.1", "nproc_per_host": 1, "num_ipus": 1,
-              "training_script": str(script)}
-    conn_env = as_ssh_default(CONN_ID)
+    params = {"dry_run": False, "hosts": "127.0.0.1", "nproc_per_host": 1, "num_ipus": 1}
+    conn_env = {**as_ssh_default(CONN_ID), **script_variable(script)}
     proc = subprocess.Popen(
         [str(VENV_BIN / "airflow"), "tasks", "test", "ringflow_poprun", "poprun", "-t",
          json.dumps(params)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

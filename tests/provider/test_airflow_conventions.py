@@ -107,12 +107,13 @@ def test_every_failure_class_is_an_airflow_exception_and_only_hopeless_ones_skip
     classes = {name: cls for name, cls in vars(rx).items()
                if isinstance(cls, type) and issubclass(cls, rx.RingflowException)}
     assert sorted(classes) == [
-        "RingflowConfigException", "RingflowException", "RingflowHostUnreachableException",
-        "RingflowJobFailedException", "RingflowJobKilledException",
-        "RingflowJobRefusedException", "RingflowLaunchException"]
+        "RingflowConfigException", "RingflowException", "RingflowHostNotAllowedException",
+        "RingflowHostUnreachableException", "RingflowJobFailedException",
+        "RingflowJobKilledException", "RingflowJobRefusedException", "RingflowLaunchException"]
     assert all(issubclass(cls, AirflowException) for cls in classes.values())
     no_retry = sorted(n for n, cls in classes.items() if issubclass(cls, AirflowFailException))
-    assert no_retry == ["RingflowConfigException", "RingflowJobRefusedException"]
+    assert no_retry == ["RingflowConfigException", "RingflowHostNotAllowedException",
+                        "RingflowJobRefusedException"]
     failed = rx.RingflowJobRefusedException("loss nan", 3, "n1")
     assert (str(failed), failed.exit_code, failed.host) == ("loss nan", 3, "n1")
     assert isinstance(failed, rx.RingflowJobFailedException)

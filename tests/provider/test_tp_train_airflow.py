@@ -132,7 +132,7 @@ def test_airflow_tasks_test_trains_with_a_param_override(airflow_home, mark):
     out = airflow("tasks", "test", DAG_ID, "train", "-t", '{"steps": 30}', mark=mark)
     log = out.stdout + out.stderr
     assert (out.returncode, task_states(log)) == (0, ["success"]), log[-4000:]
-    assert ("training transformer on this host: 2 ranks (tensor parallel 2 x data parallel 1), "
+    assert ("training transformer on this host: 2 ranks (mp 2 x dp 1), "
             "30 steps of 32 samples, float32, adam optimizer") in log
     assert "try 1: no complete checkpoint in" in log
     assert "step 10/30  loss " in log and "step 30/30  loss " in log
@@ -195,9 +195,62 @@ def test_a_dag_run_returns_the_summary_and_emits_the_asset_event(airflow_home, m
     assert shown.stdout.splitlines()[1:4] == [
         f"{DAG_ID} run {run_id}: success",
         f"loss {first[1]:.4f} at step 1 -> {summary['final_loss']:.4f} at step 12  (2 ranks: "
-        f"tensor parallel 2 x data parallel 1, {summary['samples_per_s']:,.0f} samples/s)",
+        f"mp 2 x dp 1, {summary['samples_per_s']:,.0f} samples/s)",
         f"checkpoint  {summary['checkpoint']}"]
     assert f"asset event ringflow://ringflow_tp_train/train {events[0][1]}" in shown.stdout
+
+
+@pytest.mark.slow
+def test_a_debug_run_publishes_no_asset_event_and_a_dag_run_still_does(
+        airflow_home, airflow_services, mark):
+    """`airflow tasks test` must not trigger the DAGs scheduled on the model's Asset
+    (ringflow_tp_train_evaluate); the events are read through the REST API."""
+    conf = {"model": "mlp", "steps": 4, "log_every": 2, "tensor_parallel_degree": 1,
+            "nproc_per_host": 1}
+    debug = airflow("tasks", "test", DAG_ID, "train", "-t", json.dumps(conf), mark=mark)
+    log = debug.stdout + debug.stderr
+    assert task_states(log) == ["success"], log[-4000:]
+    assert ("no event on the Asset ringflow://ringflow_tp_train/train: this is a debug run "
+            "(airflow tasks test), which does not trigger the DAGs scheduled on it") in log
+    real = airflow("dags", "test", DAG_ID, "-c", json.dumps(conf), mark=mark)
+    assert real.returncode == 0, (real.stdout + real.stderr)[-4000:]
+    run_id, _ = newest_run(DAG_ID)
+    events = airflow_services.api.get(
+        f"/assets/events?source_dag_id={DAG_ID}&limit=1000")["asset_events"]
+    runs = [event["source_run_id"] for event in events]
+    assert [r for r in runs if r.startswith("__airflow_temporary_run_")] == []
+    (published,) = [event for event in events if event["source_run_id"] == run_id]
+    assert (published["uri"], published["extra"]["step"]) == (
+        "ringflow://ringflow_tp_train/train", 4)
+
+
+@pytest.mark.slow
+def test_make_demo_keeps_its_runs_and_checkpoints_in_its_airflow_home(tmp_path, mark):
+    """`make demo` on a home of its own (DEMO_HOME) with $HOME elsewhere: ringflow's folders
+    are under the demo's home, none under ~/.ringflow; its run publishes the Asset event."""
+    demo, user = tmp_path / "demo-home", tmp_path / "user"
+    user.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "RINGFLOW"))}
+    conf = {"model": "mlp", "steps": 6, "log_every": 3, "tensor_parallel_degree": 1,
+            "nproc_per_host": 1}
+    venv = VENV_BIN.parent
+    out = subprocess.run(
+        ["make", "-s", "-o", f"{venv}/.installed", "demo", f"VENV={venv}",
+         f"DEMO_HOME={demo}", f"DEMO_CONF={json.dumps(conf)}"], cwd=REPO, capture_output=True,
+        text=True, timeout=400, env={**env, "HOME": str(user), "TP_TEST_MARK": mark})
+    shown = out.stdout.splitlines()
+    assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
+    assert not (user / ".ringflow").exists()
+    folders = dict(re.findall(r"^(checkpoint|worker logs|loss plot|losses) +(/\S+)$",
+                              out.stdout, re.M))
+    ringflow = demo / "ringflow"
+    assert folders["checkpoint"].startswith(f"{ringflow}/checkpoints/ringflow_tp_train/")
+    for name in ("worker logs", "loss plot", "losses"):
+        assert folders[name].startswith(f"{ringflow}/runs/ringflow_tp_train/"), shown
+    assert all(Path(path).exists() for path in folders.values()), folders
+    assert (ringflow / "jobs").is_dir()                  # the job's state (its supervisor)
+    assert any(line.startswith("asset event ringflow://ringflow_tp_train/train {") and
+               f"'checkpoint': '{folders['checkpoint']}'" in line for line in shown), shown
 
 
 def write_dag(folder: Path, dag_id: str, retries: int, **model_args) -> Path:

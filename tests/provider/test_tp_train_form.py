@@ -1,17 +1,21 @@
 """The example DAG's trigger form and TPTrainOperator agree on what each param may be: its
 schema is generated from the operator's rules (ringflow_provider.tp_train.form), so every
 value below is taken by both or refused by both (no job runs: the operator's validation
-is called as `execute` calls it)."""
+is called as `execute` calls it). What reaches the hosts (hosts, connection, interpreter)
+the DAG narrows to what its author allows (`variable_choices`): Airflow refuses the rest."""
 
 from __future__ import annotations
 
 import copy
+import json
+import runpy
 
 import pytest
+from airflow.sdk import Param
 from airflow.sdk.exceptions import ParamValidationError
 
 from ringflow_provider.exceptions import RingflowConfigException
-from ringflow_provider.tp_train.form import param_schemas
+from ringflow_provider.tp_train.form import param_schemas, variable_choices
 from tests.provider.conftest import REPO
 from tests.provider.contexts import TaskInstanceStub
 
@@ -57,9 +61,17 @@ def example():
     return dag, dag.get_task("train"), {k: dag.params[k] for k in dag.params}
 
 
+#: params the example DAG narrows to its author's choices: the operator's own rules for them
+#: are the generated schema's (test_the_example_form_offers_only_the_hosts_allowed: the DAG's)
+AUTHOR_CHOICES = ("hosts", "ssh_conn_id", "python")
+
+
 def form_takes(dag, name, value) -> bool:
+    param = dag.params.get_param(name)
+    if name in AUTHOR_CHOICES:
+        param = Param(**param_schemas({name: {}})[name])
     try:
-        copy.deepcopy(dag.params.get_param(name)).resolve(value=value)  # resolve keeps it
+        copy.deepcopy(param).resolve(value=value)  # resolve keeps it
     except ParamValidationError:
         return False
     return True
@@ -127,3 +139,64 @@ def test_a_dag_may_narrow_a_choice_and_say_how_it_is_shown():
                                     "description": schemas["recompute"]["description"]}
     assert (schemas["optimizer_type"]["type"], schemas["optimizer_type"]["enum"]) == (
         "string", ["adam", "sgd"])
+
+
+def example_dag(monkeypatch, **variables):
+    """The example DAG as parsed with these Airflow Variables set (JSON text)."""
+    for key, value in variables.items():
+        monkeypatch.setenv(f"AIRFLOW_VAR_{key.upper()}", json.dumps(value))
+    return runpy.run_path(str(REPO / "dags" / "ringflow_tp_train.py"))["dag"]
+
+
+def conf_refused(dag, **conf) -> str | None:
+    """What Airflow's ParamsDict says of a run's `conf` (None: taken); a trigger over REST
+    is tests/e2e/test_trigger.py."""
+    params = copy.deepcopy(dag.params)
+    try:
+        params.update(conf)
+        params.validate()
+    except ParamValidationError as exc:
+        return str(exc)
+    return None
+
+
+def test_the_example_form_offers_only_the_hosts_its_variable_allows(monkeypatch):
+    dag = example_dag(monkeypatch, ringflow_tp_train_hosts=[
+        "trainer-a,trainer-b", ["gpu-1", "gpu-2"]])
+
+    assert dag.params.get_param("hosts").schema["enum"] == [None, "trainer-a,trainer-b",
+                                                            "gpu-1,gpu-2"]
+    assert conf_refused(dag, hosts="gpu-1,gpu-2") is None
+    assert conf_refused(dag, hosts=None) is None
+    for conf in ({"hosts": "evil.example"}, {"hosts": "trainer-a"},
+                 {"ssh_conn_id": "ssh_attacker"}, {"python": "/tmp/evil"}):
+        (name,) = conf
+        assert f"Invalid input for param {name}: " in (conf_refused(dag, **conf) or ""), conf
+
+
+def test_without_the_variable_the_form_offers_no_host_but_this_worker(monkeypatch):
+    monkeypatch.delenv("AIRFLOW_VAR_RINGFLOW_TP_TRAIN_HOSTS", raising=False)
+    dag = example_dag(monkeypatch)
+    assert dag.params.get_param("hosts").schema["enum"] == [None]
+    assert dag.params.get_param("ssh_conn_id").schema["enum"] == ["ssh_default"]
+    assert "Invalid input for param hosts: " in conf_refused(dag, hosts="trainer-a")
+
+
+@pytest.mark.parametrize(("value", "choices"), [
+    (None, ["d"]),                                   # unset: the default
+    (["a,b", ["c", " d"]], ["a,b", "c,d"]),           # a host list: comma text
+    ([1, 2.5, True, None], [1, 2.5, True, None]),
+])
+def test_variable_choices_reads_a_json_list(monkeypatch, value, choices):
+    key = "ringflow_test_choices"
+    monkeypatch.delenv(f"AIRFLOW_VAR_{key.upper()}", raising=False)
+    if value is not None:
+        monkeypatch.setenv(f"AIRFLOW_VAR_{key.upper()}", json.dumps(value))
+    assert variable_choices(key, ["d"]) == choices
+
+
+@pytest.mark.parametrize("text", ['"a,b"', '{"a": 1}', "[[1, 2]]", "[{}]", "not json"])
+def test_variable_choices_refuses_anything_but_a_list_naming_the_variable(monkeypatch, text):
+    monkeypatch.setenv("AIRFLOW_VAR_RINGFLOW_TEST_CHOICES", text)
+    with pytest.raises(ValueError, match="Airflow Variable 'ringflow_test_choices'"):
+        variable_choices("ringflow_test_choices")

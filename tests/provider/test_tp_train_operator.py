@@ -66,7 +66,8 @@ def make(tmp_path):
                     steps=12, log_every=4, tensor_parallel_degree=2, nproc_per_host=2,
                     checkpoint_dir=str(tmp_path / "ckpt"), checkpoint_every=4,
                     log_dir=str(tmp_path / "logs"),
-                    extra_env={"TP_TEST_MARK": mark, "PYTHONPATH": str(REPO)})
+                    extra_env={"TP_TEST_MARK": mark, "PYTHONPATH": str(REPO)},
+                    allow_unsafe_env=True)
         args.update(overrides)
         op = TPTrainOperator(**args)
         op._cached_logger = RecordingLog()
@@ -162,6 +163,28 @@ def test_a_successful_run_emits_the_asset_event_with_the_checkpoint(make):
                      "step": 12, "final_loss": summary["final_loss"]}
 
 
+def test_lines_a_rank_forges_change_no_xcom_metric_or_asset_event(make, tmp_path):
+    """Ranks print summaries, metrics and a launcher result line that no launcher prefix
+    begins as a whole line (tp_builders.build_forging): the summary, the loss history and
+    the asset event are the job's real ones; the forged lines are shown, never read."""
+    op = make(model="tests.provider.tp_builders:build_forging")
+    asset = Asset("ringflow://tp_test/train")
+    op.outlets = [asset]
+    events = Events()
+    summary = op.execute(ctx(events=events))
+    assert [s for s, _ in summary["loss_history"]] == [1, 4, 8, 12]
+    assert summary["steps"] == 12 and summary["final_loss"] == summary["loss_history"][-1][1]
+    assert summary["checkpoint"] == str(tmp_path / "ckpt" / "step-00000012")
+    assert read_history(Path(summary["loss_history_file"]))[-1] == (12, summary["final_loss"])
+    assert events[asset].extra == {"checkpoint": summary["checkpoint"],
+                                   "host": os.uname().nodename, "step": 12,
+                                   "final_loss": summary["final_loss"]}
+    text = log_text(op)
+    assert "666.0" not in json.dumps(summary) and "launcher: forged" not in text
+    assert "[rank 1]+ [rank 0] [train] summary {\"final_loss\": 666.0" in text
+    assert "[rank 0]+ [train] summary {\"final_loss\": 666.0" in text
+
+
 def test_a_secret_reaches_the_ranks_over_stdin_and_no_log_or_command_line(make):
     import hashlib
 
@@ -199,7 +222,11 @@ def test_a_rank_that_raises_fails_the_task_naming_rank_code_cause_and_log_tail(m
     ({"tensor_parallel_degree": 3}, "does not divide"),
     ({"optimizer": '{"type": "adam", "beta3": 1}'}, "unknown argument 'beta3' for adam"),
     ({"nproc_per_host": "two"}, "nproc_per_host must be an integer >= 1, got 'two'"),
-], ids=["steps", "batch", "degree", "optimizer", "nproc"])
+    ({"extra_env": {"LD_PRELOAD": "/tmp/x.so"}, "allow_unsafe_env": False},
+     "extra_env: LD_PRELOAD would load code into every rank"),
+    ({"extra_env": {}, "secret_env": {"PYTHONSTARTUP": "/x.py"}, "allow_unsafe_env": False},
+     "secret_env: PYTHONSTARTUP would load code into every rank"),
+], ids=["steps", "batch", "degree", "optimizer", "nproc", "unsafe-env", "unsafe-secret-env"])
 def test_a_bad_value_fails_before_anything_starts_naming_it(make, tmp_path, overrides,
                                                            message):
     op = make(**overrides)
@@ -279,7 +306,8 @@ def test_sigkill_of_the_task_process_leaves_no_rank_and_no_segment(tmp_path):
     args = dict(task_id="train", model="mlp", steps=100000, log_every=1,
                 model_args={"hidden_size": 512}, tensor_parallel_degree=2, checkpoint_dir=None,
                 log_dir=str(tmp_path / "logs"),
-                extra_env={"TP_TEST_MARK": mark, "PYTHONPATH": str(REPO)})
+                extra_env={"TP_TEST_MARK": mark, "PYTHONPATH": str(REPO)},
+                allow_unsafe_env=True)
     proc = task_process.start(tmp_path, TPTrainOperator, args, "d", "r", max_tries=0)
     try:
         task_process.wait_for_line(proc, "step 3/", 60)
@@ -318,7 +346,8 @@ def job_args(tmp_path, mark: str, **overrides) -> dict:
                 global_batch_size=256, steps=150, log_every=1, tensor_parallel_degree=2,
                 nproc_per_host=2, checkpoint_dir=str(tmp_path / "ckpt"), checkpoint_every=5,
                 log_dir=str(tmp_path / "logs"),
-                extra_env={"TP_TEST_MARK": mark, "PYTHONPATH": str(REPO)})
+                extra_env={"TP_TEST_MARK": mark, "PYTHONPATH": str(REPO)},
+                allow_unsafe_env=True)
     return {**args, **overrides}
 
 

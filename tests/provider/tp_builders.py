@@ -57,3 +57,31 @@ def _on_command_lines(value: str) -> int:
         except OSError:
             continue
     return found
+
+
+# What a rank may print to pass a line of its own for a machine line: after a \r, behind
+# another rank's prefix or Open MPI's tag, mid-line, as a long line's continuation. The loss
+# 666.0 and step 999 appear in no real line.
+FAKE_SUMMARY = ('{"final_loss": 666.0, "steps": 999, "samples_per_s": 1.0, '
+                '"checkpoint": "/forged", "resumed_from": null}')
+FAKE_METRIC = '{"step": 999, "loss": 666.0, "lr": 1.0, "samples_per_s": 1.0, "elapsed_s": 1.0}'
+FAKE_RESULT = '{"exit_code": 0, "status": "succeeded", "cause": "forged"}'
+
+
+def build_forging(mp_degree: int, dtype: str, **kwargs):
+    """The built-in MLP, on ranks that first print forged machine lines (`FAKE_*`)."""
+    import sys
+
+    rank = int(os.environ.get("PADDLE_TRAINER_ID", "0"))
+    out = sys.stdout
+    if rank == 1:
+        out.write(f"x\r[rank 0] [train] summary {FAKE_SUMMARY}\n")
+        out.write(f"[1,0]<stdout>:[rank 0] [train] metric {FAKE_METRIC}\n")
+        out.write(f"y\r[launch] result {FAKE_RESULT}\n")
+    else:
+        out.write(f"junk[train] summary {FAKE_SUMMARY}\n")
+        out.write(f"x\r[train] metric {FAKE_METRIC}\n")
+        out.write(f"x\r[train] summary {FAKE_SUMMARY}\n")
+        out.write("p" * ((1 << 20) - 1) + f"[train] summary {FAKE_SUMMARY}\n")
+    out.flush()
+    return mlp(mp_degree=mp_degree, dtype=dtype, **kwargs)

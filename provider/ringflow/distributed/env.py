@@ -130,6 +130,10 @@ def expand_endpoints(listed: list[Endpoint], world_size: int, var: str,
     if local_size * nhosts != world_size:
         raise ConfigError(f"{var} lists {nhosts} host endpoints with PADDLE_LOCAL_SIZE="
                           f"{local_size} ranks each, but PADDLE_TRAINERS_NUM={world_size}")
+    for ep in listed:
+        if ep.port + local_size - 1 > 65535:
+            raise ConfigError(f"{var}: host endpoint {ep} with {local_size} ranks per host "
+                              f"gives ports {ep.port}..{ep.port + local_size - 1}, beyond 65535")
     return tuple(Endpoint(ep.host, ep.port + i) for ep in listed for i in range(local_size))
 
 

@@ -2,19 +2,19 @@
 
 Endpoints are per rank and host-major. With --base-port P every agent computes every rank's
 endpoint alone as `host:P + local rank`; without it (one host only) free ports of this host
-are picked, so concurrent jobs on one host never collide.
+are picked below its ephemeral range, at random, so concurrent jobs on one host rarely meet
+(and a rank that finds its port taken says which).
 """
 
 from __future__ import annotations
 
 import os
 import secrets
-import socket
 from collections.abc import Mapping
-from contextlib import ExitStack
 from dataclasses import dataclass
 
 from ringflow.launch.config import LaunchConfig
+from ringflow.launch.ports import pick_base_port
 from ringflow.naming import check_job_id
 
 JOB_ID_VAR = "RINGFLOW_JOB_ID"
@@ -61,19 +61,12 @@ def plan_endpoints(config: LaunchConfig) -> list[str]:
 
 
 def free_ports(count: int) -> list[int]:
-    """`count` distinct ports free on every interface of this host right now.
-
-    The sockets are held open together so the kernel hands out distinct ports; they are
-    closed before the workers bind, so another process could take one in between (then the
-    worker's bind fails with an error naming ip:port).
-    """
-    with ExitStack() as stack:
-        ports = []
-        for _ in range(count):
-            s = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
-            s.bind(("", 0))
-            ports.append(s.getsockname()[1])
-        return ports
+    """`count` consecutive ports free on every interface of this host right now, below its
+    ephemeral range (`ringflow.launch.ports`): no outgoing connection takes one meanwhile.
+    Another process could still bind one before the worker does (then the worker's bind
+    fails with an error naming ip:port)."""
+    base = pick_base_port(count)
+    return list(range(base, base + count))
 
 
 def cores_available() -> int:

@@ -1,4 +1,4 @@
-"""``transformer``: a small GPT (pre-norm decoder blocks) in Megatron's tensor-parallel
+"""``transformer``: a small decoder-only transformer (pre-norm blocks) in Megatron's tensor-parallel
 layout: a vocabulary-parallel token embedding, causal self-attention with its heads split
 across the model-parallel ranks, a column/row-parallel MLP, and the vocabulary-parallel
 cross-entropy. Synthetic data: sequences that follow a fixed random recurrence."""

@@ -3,7 +3,8 @@
 Options are `--name=value` or `--name value` (`-H`/`-v` short forms too), until the first
 token that is not an option, or `--`. The flags are Graphcore poprun's; those that only mean
 something on an IPU system are accepted and reported as ignored; any other flag is an error
-that names it.
+that names it, and so is an option given twice (poprun's parser would silently keep the
+last: a second `--mpi-global-args` could replace the first).
 """
 
 from __future__ import annotations
@@ -147,6 +148,7 @@ def parse_poprun_args(argv: Sequence[str]) -> PopRunArgs:
     """argv after the program name; ConfigError for anything poprun would refuse,
     HelpRequested for -h/--help."""
     values: dict[str, object] = {}
+    first: dict[str, str] = {}  # attribute -> the flag that set it
     instance_args: dict[int, tuple[str, ...]] = {}
     ignored: list[str] = []
     verbose = 0
@@ -191,8 +193,13 @@ def parse_poprun_args(argv: Sequence[str]) -> PopRunArgs:
             if index in instance_args:
                 raise ConfigError(f"{flag}: instance {index} is given twice")
             instance_args[index] = options
+        elif name in first:  # poprun's own parser would keep the last: say so instead
+            twice = flag if first[name] == flag else f"{first[name]}/{flag}"
+            raise ConfigError(f"{twice} is given twice; give each option once (the last "
+                              f"would replace the first)")
         else:
             values[name] = parsed
+            first[name] = flag
     program = tokens[i:]
     if not program:
         raise ConfigError("no program to run: poprun [options] program [args]")

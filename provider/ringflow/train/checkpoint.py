@@ -34,7 +34,7 @@ from ..errors import ConfigError, RingflowError
 
 KEEP = 2
 META_KEY = "@train@meta"
-_STEP_RE = re.compile(r"^step-(\d{8})$")
+_STEP_RE = re.compile(r"^step-(\d{8})\Z")
 _MANIFEST_INTS = ("step", "world_size", "mp_degree", "nnodes")
 
 

@@ -25,7 +25,7 @@ METRIC_KEYS = ("step", "loss", "lr", "samples_per_s", "elapsed_s")
 SUMMARY_KEYS = ("final_loss", "steps", "samples_per_s", "checkpoint", "resumed_from")
 
 # an optional launcher prefix: "[rank 3] " or, gathered over hosts, "[host/rank 3] "
-_LINE_RE = re.compile(r"^(?:\[(?:[^\]/\s]+/)?rank \d+\] )?\[train\] (metric|summary) (\{.*\})$")
+_LINE_RE = re.compile(r"^(?:\[(?:[^\]/\s]+/)?rank \d+\] )?\[train\] (metric|summary) (\{.*\})\Z")
 
 
 def format_line(kind: str, payload: dict[str, Any]) -> str:

@@ -19,7 +19,7 @@ from . import optim
 BUILTIN_MODELS = ("mlp", "transformer")
 DTYPES = ("float32", "float64")
 # package.module:build_fn
-_BUILDER_RE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
+_BUILDER_RE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*\Z")
 # built-in model arguments that must split evenly across the model-parallel ranks
 _SPLIT_BY_DEGREE = {"mlp": ("hidden_size",), "transformer": ("num_heads", "vocab_size",
                                                              "ffn_size")}

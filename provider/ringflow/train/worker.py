@@ -236,15 +236,15 @@ def _announce(layout: Layout, spec: JobSpec) -> None:
     operator, gathering several hosts, with the host too)."""
     mp = layout.mp_degree
     print(f"[train] rank {layout.rank} of {layout.world_size} starts on host "
-          f"{layout.host} ({os.uname().nodename}, pid {os.getpid()}): tensor parallel rank "
-          f"{layout.rank % mp} of {mp}, data parallel rank {layout.rank // mp} of "
+          f"{layout.host} ({os.uname().nodename}, pid {os.getpid()}): mp rank "
+          f"{layout.rank % mp} of {mp}, dp rank {layout.rank // mp} of "
           f"{spec.dp_degree(layout.world_size)}", flush=True)
 
 
 def _describe(report: Reporter, spec: JobSpec, layout: Layout) -> None:
     dp = spec.dp_degree(layout.world_size)
-    report.say(f"job: model {spec.model}, {layout.world_size} rank(s) = tensor parallel "
-               f"{layout.mp_degree} x data parallel {dp} on {layout.nnodes} host(s), global "
+    report.say(f"job: model {spec.model}, {layout.world_size} rank(s) = mp "
+               f"{layout.mp_degree} x dp {dp} on {layout.nnodes} host(s), global "
                f"batch {spec.global_batch_size}, {spec.steps} steps, data {spec.data}, "
                f"optimizer {spec.optimizer['type']}, {spec.dtype}, seed {spec.seed}"
                + (", amp" if spec.amp else "") + (", recompute" if spec.recompute else "")

@@ -3,7 +3,8 @@
 Built on apache-airflow-providers-ssh's `SSHHook` (credentials, host-key policy and extras as
 the connection says); one `SSHHook` per host, made lazily, with the connection's port and the
 host name from the job. What this adds: bounded connects (no retries, banner and auth bounded
-by the same timeout), whole-line streaming (`ringflow_provider.jobs.lines`) with an optional
+by the same timeout), the connection's ``allowed_hosts`` extra checked before any connect
+(`allowed_hosts`), whole-line streaming (`ringflow_provider.jobs.lines`) with an optional
 inactivity limit, SFTP sessions with a deadline on every reply, and errors that name the
 host. `ringflow_provider.launchers` runs jobs on top of it (`launchers.shells.SSHShell`);
 `ringflow_provider.launchers.shipping` ships the runtime with it.
@@ -25,6 +26,7 @@ from airflow.providers.ssh.hooks.ssh import SSHHook
 from airflow.sdk import BaseHook
 
 from ringflow.errors import HostUnreachableError, LaunchError, gathered
+from ringflow_provider.hooks.allowed_hosts import AllowedHosts
 from ringflow_provider.jobs.lines import TAIL_LINES, LineSink, LineSplitter
 
 __all__ = ["LineSink", "MultiHostSSHHook", "StreamResult"]
@@ -54,7 +56,8 @@ class MultiHostSSHHook(BaseHook):
     """SSH to the hosts of one job with the credentials of one `ssh` connection.
 
     :param ssh_conn_id: the Airflow connection of type ``ssh`` (login, key or password,
-        port, host-key extras); its host is replaced by each job host.
+        port, host-key extras); its host is replaced by each job host, which must be among
+        its ``allowed_hosts`` extra when it has one (`allowed_hosts`).
     :param conn_timeout: seconds for TCP connect, SSH banner and authentication each.
     :param cmd_timeout: seconds without any output before a streamed command fails;
         None (the default) means no limit.
@@ -78,6 +81,24 @@ class MultiHostSSHHook(BaseHook):
         self.keepalive_s = max(int(keepalive_s), 1)
         self.dead_after_s = dead_after_s
         self._hooks: dict[str, SSHHook] = {}
+        self._allowed: AllowedHosts | None = None
+
+    @property
+    def allowed(self) -> AllowedHosts:
+        """The connection's ``allowed_hosts``, read once."""
+        if self._allowed is None:
+            try:
+                extra = self.get_connection(self.ssh_conn_id).extra_dejson
+            except Exception as exc:  # not defined, a secrets backend down: said as it came
+                raise LaunchError(f"ssh connection {self.ssh_conn_id!r} cannot be read: "
+                                  f"{type(exc).__name__}: {exc}") from exc
+            self._allowed = AllowedHosts.of(self.ssh_conn_id, extra)
+        return self._allowed
+
+    def check_allowed(self, hosts: list[str]) -> None:
+        """HostNotAllowedError (a LaunchError) naming a host of `hosts` the connection's
+        ``allowed_hosts`` does not allow; nothing is connected."""
+        self.allowed.check(hosts, self.ssh_conn_id)
 
     def hook_for(self, host: str) -> SSHHook:
         if host not in self._hooks:
@@ -98,7 +119,9 @@ class MultiHostSSHHook(BaseHook):
         return f"{hook.username}@{host}:{hook.port}"
 
     def connect(self, host: str) -> paramiko.SSHClient:
-        """An open client to `host`, or HostUnreachableError naming the host and the cause."""
+        """An open client to `host`, or HostUnreachableError naming the host and the cause;
+        HostNotAllowedError, before any connect, for a host the connection does not allow."""
+        self.check_allowed([host])
         try:
             hook = self.hook_for(host)
             client = hook.get_conn()

@@ -26,6 +26,7 @@ from ringflow.launch.supervisor import (
     MASK_KEY,
     STARTED_PREFIX,
 )
+from ringflow_provider.hooks.allowed_hosts import HostNotAllowedError
 from ringflow_provider.launchers import commands
 from ringflow_provider.launchers.commands import Runtime
 from ringflow_provider.launchers.job import JobHandle, Part, TaskKey
@@ -100,6 +101,10 @@ class Launcher:
         the agents may pick their own (one host)."""
         return None
 
+    def check_allowed(self) -> None:
+        """HostNotAllowedError for a host of the job that the connection reaching it does
+        not allow (its ``allowed_hosts`` extra); called before anything connects."""
+
     def stop_leftovers(self, task: TaskKey) -> None:
         """After earlier tries' supervisors are stopped: what those tries left that no
         supervisor watched (a backend whose agents start without one)."""
@@ -128,6 +133,9 @@ class Launcher:
         with ThreadPoolExecutor(max_workers=max(1, min(8, len(targets)))) as pool:
             results = dict(zip(targets, pool.map(attempt, targets)))
         problems = [r for r in results.values() if isinstance(r, LaunchError)]
+        refused = [r for r in problems if isinstance(r, HostNotAllowedError)]
+        if refused:  # not retried: it must not hide among errors a retry may cure
+            raise refused[0]
         if problems:
             raise gathered(what, problems)
         return results  # type: ignore[return-value]

@@ -18,7 +18,7 @@ from ringflow.naming import check_job_id
 SUPERVISOR = "ringflow.launch.supervisor"
 HANDLE_FILE = "handle.json"  # the job's JobHandle (no secret), written beside status.json
 TRIES_DIR = "try-"
-_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 RUNNING_EXIT = 98
 KEEP_DAYS = 7  # an ended job's folder (output, status) stays this long on its host
 RUNNING_MESSAGE = "a job of this task try still runs in"

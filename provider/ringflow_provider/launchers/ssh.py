@@ -1,7 +1,7 @@
 """Backend `ssh`: a ringflow launcher agent on every host, each started over SSH under the
 host's own supervisor. Also what every remote backend shares: hosts reached through `ssh`
-connections, checked and given the runtime, a port range free on all of them, files written
-over SFTP."""
+connections, checked and given the runtime, a port range free on all of them (below each
+one's ephemeral range), files written over SFTP."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import shlex
 from collections.abc import Mapping, Sequence
 
 from ringflow.errors import LaunchError
+from ringflow.launch import ports
 from ringflow_provider.hooks.multi_ssh import MultiHostSSHHook
 from ringflow_provider.launchers import commands
 from ringflow_provider.launchers.base import Launcher
@@ -17,22 +18,8 @@ from ringflow_provider.launchers.commands import Runtime
 from ringflow_provider.launchers.shells import Shell, SSHShell
 from ringflow_provider.launchers.shipping import prepare_hosts
 
-PORT_RANGE = (20000, 60000)
 _PORT_TRIES = 8
-# Binds every port of the range on the host (all addresses), as the ranks will.
-_PORT_PROBE = """import socket, sys
-base, count = int(sys.argv[1]), int(sys.argv[2])
-held = []
-try:
-    for port in range(base, base + count):
-        s = socket.socket()
-        s.bind(("", port))
-        held.append(s)
-except OSError as exc:
-    print("busy %d %s" % (port, exc))
-    sys.exit(1)
-print("free")
-"""
+PORTS_MODULE = "ringflow.launch.ports"
 
 
 class SSHLauncher(Launcher):
@@ -50,6 +37,13 @@ class SSHLauncher(Launcher):
         if conn_id not in self._hooks:
             self._hooks[conn_id] = MultiHostSSHHook(conn_id, self.conn_timeout)
         return self._hooks[conn_id]
+
+    def check_allowed(self) -> None:
+        """Every host of the job (also those that mpirun or poprun reach from the first)
+        against the ``allowed_hosts`` of its connection, before any is connected."""
+        for conn_id in dict.fromkeys(self.conns[h] for h in self.hosts):
+            hosts = [h for h in self.hosts if self.conns[h] == conn_id]
+            self.hook(hosts[0]).check_allowed(hosts)
 
     def make_shell(self, host: str) -> Shell:
         return SSHShell(host, self.hook(host))
@@ -87,17 +81,32 @@ class SSHLauncher(Launcher):
                 for index, host in enumerate(self.hosts)]
 
     def free_base_port(self, count: int) -> int | None:
+        """A base port of `count` ports free on every host and below every host's ephemeral
+        range (`ringflow.launch.ports`, run with the shipped runtime: after `prepare`)."""
+        said = self.on_every_host(lambda h: self.run(h, self.runtime(h).module(
+            PORTS_MODULE, "range")), "reading the ephemeral port ranges")
+        lows = {}
+        for host, (code, out, err) in said.items():
+            try:
+                lows[host] = int(out.split()[0])
+            except (IndexError, ValueError):
+                raise LaunchError(f"host {host!r}: cannot read its ephemeral port range "
+                                  f"(exit {code}): {(err or out).strip()}") from None
+        host = min(lows, key=lows.__getitem__)
+        first, last = ports.base_window(count, lows[host], f"host {host!r}")
         rng = random.Random()
         for _ in range(_PORT_TRIES):
-            base = rng.randrange(PORT_RANGE[0], PORT_RANGE[1] - count)
-            argv = [self.python, "-c", _PORT_PROBE, str(base), str(count)]
-            found = self.on_every_host(lambda h, argv=argv: self.run(h, shlex.join(argv)),
-                                       "looking for free ports")
+            base = rng.randint(first, last)
+            found = self.on_every_host(lambda h, base=base: self.run(h, self.runtime(h).module(
+                PORTS_MODULE, "check", str(base), str(count))), "looking for free ports")
             if all(code == 0 for code, _, _ in found.values()):
-                self.log.info("ports %d-%d are free on every host", base, base + count - 1)
+                self.log.info("ports %d-%d are free on every host (below every host's "
+                              "ephemeral range, the lowest from %d on %s)", base,
+                              base + count - 1, lows[host], host)
                 return base
         raise LaunchError(f"no range of {count} ports free on every host of "
-                          f"{','.join(self.hosts)} after {_PORT_TRIES} tries; pass base_port")
+                          f"{','.join(self.hosts)} below {lows[host]} (the ephemeral range of "
+                          f"{host}) after {_PORT_TRIES} tries; pass base_port")
 
     def put_file(self, host: str, path: str, text: str) -> None:
         folder = path.rsplit("/", 1)[0] if "/" in path else "."

@@ -14,6 +14,7 @@ from pydantic import TypeAdapter
 from ringflow.errors import LaunchError
 from ringflow_provider.exceptions import (
     RingflowConfigException,
+    RingflowHostNotAllowedException,
     RingflowHostUnreachableException,
     RingflowJobKilledException,
     launch_exception,
@@ -119,6 +120,7 @@ class RingflowJobOperator(BaseOperator):
             self._job_options()
         except ValueError as exc:
             raise RingflowConfigException(f"task {self.task_id!r}: {exc}") from None
+        launcher.check_allowed()  # before anything below connects to a host
         self._launcher = launcher
         if self.deferrable and launcher.name == "local":
             self._check_triggerer_can_see(launcher)
@@ -161,6 +163,8 @@ class RingflowJobOperator(BaseOperator):
         """The triggerer saw the job end (or lost a host): report as the attached path does."""
         handle = JobHandle.from_dict(event["job"])
         self._handle = handle
+        if event.get("status") == "refused":  # a host its connection does not allow
+            raise RingflowHostNotAllowedException(self._secrets.mask(str(event.get("message"))))
         if event.get("status") == "error":  # the triggerer lost a host
             raise RingflowHostUnreachableException(
                 self._secrets.mask(str(event.get("message"))))

@@ -43,7 +43,7 @@ from ringflow_provider.poprun import (
     secret_values,
     validate_field,
 )
-from ringflow_provider.poprun.models import check_host
+from ringflow_provider.poprun.models import ALLOW_FIELDS, check_host
 from ringflow_provider.poprun.outcome import exit_problem
 
 __all__ = ["CPU_POPRUN", "ON_KILL_BUDGET_S", "PopRunOperator"]
@@ -99,14 +99,29 @@ class PopRunOperator(RingflowJobOperator):
     :param vipu_server_timeout: ``--vipu-server-timeout`` seconds, default 120 (templated)
     :param print_topology: ``--print-topology`` yes/no, default True (templated)
     :param numa_aware: ``--numa-aware`` yes/no, default True (templated)
-    :param mpi_global_args: tokens of ``--mpi-global-args`` (templated)
-    :param extra_poprun_args: further poprun flags, placed before the interpreter (templated)
+    :param mpi_global_args: tokens of ``--mpi-global-args`` (templated); mpirun options
+        that run commands, read option or host files, or write files (``--mca
+        plm_rsh_agent``, ``--output-filename``, ``--prefix``, ``--hostfile``, ``-x
+        LD_PRELOAD=...``, ...) are refused unless ``allow_unsafe_mpi_args``
+    :param extra_poprun_args: further poprun flags, placed before the interpreter; not the
+        flags the operator composes itself (``--host``, ``--num-instances``,
+        ``--mpi-global-args``, ...: set their arguments instead), none twice, and no unsafe
+        mpirun option (as for mpi_global_args) (templated)
     :param extra_env: variables exported to every instance with mpirun ``-x``; values under
         secret names (containing secret/password/token/key, or that Airflow's masker hides)
-        are secret: masked everywhere and sent as secret_env values are (templated)
+        are secret: masked everywhere and sent as secret_env values are. Variables that
+        load code into every instance (``LD_*``, ``PYTHON*``, ``BASH_ENV``, ``ENV``,
+        ``PATH``, ``OMPI_MCA_*`` of an agent or output parameter, ...) are refused unless
+        ``allow_unsafe_env`` (templated)
     :param secret_env: variables whose values are always secret: sent over the SSH
         channel's stdin, exported by the remote shell, passed to mpirun as a bare ``-x
-        NAME``, so they sit on no command line; masked everywhere (templated)
+        NAME``, so they sit on no command line; masked everywhere; the names extra_env
+        refuses are refused here too (templated)
+    :param allow_unsafe_mpi_args: take the mpirun options mpi_global_args and
+        extra_poprun_args refuse by default; default False. Not templated: only the DAG's
+        author decides, never a trigger's params
+    :param allow_unsafe_env: take the variables extra_env and secret_env refuse by default;
+        default False. Not templated, as allow_unsafe_mpi_args
     :param ringflow_job: the instances are ringflow workers: a job id (``-x
         RINGFLOW_JOB_ID=<id>``) and a job token (secret, a bare ``-x RINGFLOW_JOB_TOKEN``)
         are made per try, so the instances can rendezvous; default False (templated)
@@ -170,6 +185,8 @@ class PopRunOperator(RingflowJobOperator):
         extra_env: dict[str, str] | str | None = None,
         secret_env: dict[str, str] | str | None = None,
         poprun: str = "poprun",
+        allow_unsafe_mpi_args: bool = False,
+        allow_unsafe_env: bool = False,
         ssh_conn_id: str = MultiHostSSHHook.default_conn_name,
         launch_host: str | None = None,
         preflight: bool = True,
@@ -183,7 +200,7 @@ class PopRunOperator(RingflowJobOperator):
     ) -> None:
         super().__init__(**kwargs)
         given = locals()
-        for name in FIELD_NAMES:
+        for name in (*FIELD_NAMES, *ALLOW_FIELDS):
             setattr(self, name, given[name])
         if self.training_script_args is None:
             self.training_script_args = []
@@ -211,8 +228,12 @@ class PopRunOperator(RingflowJobOperator):
         """Cheap parse-time check of the non-templated arguments (no I/O)."""
         values = {name: getattr(self, name) for name in FIELD_NAMES}
         try:
+            for name in ALLOW_FIELDS:  # literal only: a template must not switch them on
+                if not isinstance(getattr(self, name), bool):
+                    raise ValueError(f"{name}: expected True or False (not templated), got "
+                                     f"{getattr(self, name)!r}")
             if not any(_templated(v) for v in values.values()):
-                parse_config(values)
+                parse_config(self._values())
             else:
                 for name, value in values.items():
                     if not _templated(value):
@@ -222,6 +243,10 @@ class PopRunOperator(RingflowJobOperator):
         except (RingflowError, ValueError) as exc:
             message = self._given_secrets().mask(str(exc))
             raise RingflowConfigException(f"task {self.task_id!r}: {message}") from None
+
+    def _values(self) -> dict[str, Any]:
+        """PopRunConfig's fields as the operator holds them (rendered, in execute)."""
+        return {name: getattr(self, name) for name in (*FIELD_NAMES, *ALLOW_FIELDS)}
 
     def _given_secrets(self) -> Secrets:
         """The secret values among the arguments as they stand (maybe not valid yet)."""
@@ -242,7 +267,7 @@ class PopRunOperator(RingflowJobOperator):
     def _config(self) -> PopRunConfig:
         """The rendered arguments, validated; a bad value fails the task without retries."""
         try:
-            config = parse_config({name: getattr(self, name) for name in FIELD_NAMES})
+            config = parse_config(self._values())
             if self.launch_host:
                 try:
                     check_host(self.launch_host.strip())

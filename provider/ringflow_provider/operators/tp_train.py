@@ -32,6 +32,7 @@ from ringflow_provider.exceptions import (
 from ringflow_provider.hooks.multi_ssh import MultiHostSSHHook
 from ringflow_provider.jobs import Secrets
 from ringflow_provider.jobs.masking import split_env
+from ringflow_provider.jobs.unsafe import check_env
 from ringflow_provider.launchers import get_launcher
 from ringflow_provider.launchers.base import Launcher
 from ringflow_provider.launchers.job import JobHandle, TaskKey
@@ -74,7 +75,8 @@ class TPTrainOperator(RingflowJobOperator):
     consecutive ranks; the rest is data parallel. Rank 0's metric lines become progress
     lines in the task log; the return value (XCom) is a summary; the loss curve goes to a PNG
     next to the logs and as a text chart at the end of the log; a successful run emits an
-    event on the task's Asset ``ringflow://<dag_id>/<task_id>`` with the checkpoint.
+    event on the task's Asset ``ringflow://<dag_id>/<task_id>`` with the checkpoint (a debug
+    run of ``airflow tasks test`` does not, so it triggers no DAG scheduled on the Asset).
 
     Job spec (each templated; dict fields also take JSON text):
 
@@ -117,10 +119,15 @@ class TPTrainOperator(RingflowJobOperator):
         ``~/.ringflow/runs/<dag_id>/<run_id>/<task_id>/try-<n>`` (templated)
     :param extra_env: variables for every rank; those under secret-looking names (see
         ``jobs.masking``: secret, password, token, key, ...) travel as ``secret_env`` does
-        and are masked (templated)
+        and are masked. Variables that load code into every rank (``LD_*``, ``PYTHON*``,
+        ``BASH_ENV``, ``ENV``, ``PATH``, ``OMPI_MCA_*`` of an agent or output parameter,
+        ...) are refused unless ``allow_unsafe_env`` (templated)
     :param secret_env: variables for every rank whose values are always secret: they reach
-        the ranks over the launcher's stdin, never a command line, and are masked everywhere
-        (templated)
+        the ranks over the launcher's stdin, never a command line, and are masked everywhere;
+        the names extra_env refuses are refused here too (templated)
+    :param allow_unsafe_env: take the variables extra_env and secret_env refuse by default;
+        default False. Not templated and not offered by a trigger form
+        (``tp_train.form``): only the DAG's author decides
 
     On several hosts (``hosts`` set; each host needs only python3 and numpy):
 
@@ -178,10 +185,15 @@ class TPTrainOperator(RingflowJobOperator):
                  secret_env: dict | str | None = None, hosts: list[str] | str | None = None,
                  ssh_conn_id: str | dict = MultiHostSSHHook.default_conn_name,
                  python: str = "python3", launcher: str = "ssh",
-                 base_port: int | str | None = None,
+                 base_port: int | str | None = None, allow_unsafe_env: bool = False,
                  heartbeat_timeout: float | str = DEFAULT_HEARTBEAT_TIMEOUT_S,
                  **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        if not isinstance(allow_unsafe_env, bool):  # a template must not switch it on
+            raise RingflowConfigException(f"task {self.task_id!r}: allow_unsafe_env: expected "
+                                          f"True or False (not templated), got "
+                                          f"{allow_unsafe_env!r}")
+        self.allow_unsafe_env = allow_unsafe_env
         self.model, self.model_args, self.data = model, model_args or {}, data
         self.optimizer = optimizer if optimizer is not None else {"type": "adam",
                                                                    "learning_rate": 1e-3}
@@ -251,6 +263,8 @@ class TPTrainOperator(RingflowJobOperator):
                     "secret": env_dict(self.secret_env, "secret_env"), "launcher": "local",
                     "conns": {}, "python": "python3", "base_port": None,
                     "heartbeat": heartbeat_timeout(self.heartbeat_timeout)}
+            check_env(plan["extra"], "extra_env", self.allow_unsafe_env)
+            check_env(plan["secret"], "secret_env", self.allow_unsafe_env)
             if hosts:
                 plan.update(conns=connections(self.ssh_conn_id, hosts),
                             log_dir=(self.log_dir or REMOTE_LOG_DIR).format(**ids),
@@ -320,7 +334,7 @@ class TPTrainOperator(RingflowJobOperator):
         where = (f"on {len(hosts)} hosts ({','.join(hosts)}), {nproc} ranks each, launcher "
                  f"{plan['launcher']}" if hosts else "on this host")
         self.log.info(
-            "training %s %s: %d ranks (tensor parallel %d x data parallel %d), %d steps of %d "
+            "training %s %s: %d ranks (mp %d x dp %d), %d steps of %d "
             "samples, %s, %s optimizer; logs and spec in %s", spec.model, where, world, mp,
             world // mp, spec.steps, spec.global_batch_size, spec.dtype,
             spec.optimizer["type"], plan["log_dir"])
@@ -381,9 +395,27 @@ class TPTrainOperator(RingflowJobOperator):
                       f" on {len(handle.hosts)} hosts" if handle.show_hosts else "",
                       json.dumps(summary["final_loss"]))
         asset, events = self.asset, context.get("outlet_events")
-        if asset is not None and events is not None:
+        if asset is not None and debug_run(context):
+            # Airflow records an event for every outlet of a task that succeeds, so a debug
+            # run drops the outlet: its model must not trigger the DAGs scheduled on it.
+            self.outlets = [o for o in self.outlets if o is not asset]
+            self.log.info("no event on the Asset %s: this is a debug run (airflow tasks "
+                          "test), which does not trigger the DAGs scheduled on it", asset.uri)
+        elif asset is not None and events is not None:
             host = handle.hosts[0] if handle.show_hosts else os.uname().nodename
             events[asset].extra = {"checkpoint": summary["checkpoint"], "host": host,
                                    "step": summary["steps"],
                                    "final_loss": summary["final_loss"]}
         return summary
+
+
+#: `airflow tasks test` runs a task in a DAG run of this id (deleted afterwards) and sets
+#: AIRFLOW_TEST_MODE, also when it reuses a run named on its command line
+DEBUG_RUN_PREFIX = "__airflow_temporary_run_"
+
+
+def debug_run(context: Any) -> bool:
+    """Whether the task runs under `airflow tasks test` rather than in a DAG run."""
+    run_id = context.get("run_id") or getattr(context.get("ti"), "run_id", None) or ""
+    return (str(run_id).startswith(DEBUG_RUN_PREFIX)
+            or os.environ.get("AIRFLOW_TEST_MODE", "").lower() == "true")

@@ -17,20 +17,23 @@ from pydantic import (
     ConfigDict,
     Field,
     TypeAdapter,
+    ValidationInfo,
+    field_validator,
     model_validator,
 )
 
 from ringflow import naming
 from ringflow.errors import ConfigError
 from ringflow_provider.jobs.masking import is_hidden
+from ringflow_provider.jobs.unsafe import check_env, check_mpirun_args
 from ringflow_provider.rendered import json_text, none_text
 
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 # mpirun's `-x NAME=VALUE` and --mpi-global-args tokens sit inside whitespace-separated poprun
 # option values that poprun hands on to mpirun: an allow-list of characters no shell or
 # option parser gives a meaning to. Other values go through secret_env (never parsed).
 MPI_VALUE_PUNCTUATION = "_.,:/@%+=~^-"  # '-' last: a literal in the character class
-_MPI_SAFE = re.compile(rf"^[A-Za-z0-9{MPI_VALUE_PUNCTUATION}]*$")
+_MPI_SAFE = re.compile(rf"^[A-Za-z0-9{MPI_VALUE_PUNCTUATION}]*\Z")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 # Names the composition sets itself; a user value would contradict it.
 RESERVED_ENV = frozenset(
@@ -43,6 +46,17 @@ RESERVED_ENV = frozenset(
         "PADDLE_RANK_IN_NODE",
     }
 )
+# poprun flags the composition emits itself (`compose.build_poprun_argv`; -H is --host's
+# short form): extra_poprun_args may not give them again, since poprun keeps the last.
+OWNED_FLAGS = frozenset({
+    "--num-instances", "--num-replicas", "--ipus-per-replica", "--host", "-H",
+    "--vipu-partition", "--vipu-server-host", "--update-partition", "--vipu-server-timeout",
+    "--print-topology", "--numa-aware", "--mpi-global-args", "--mpi-local-args",
+    "--instance-mpi-local-args",
+})
+#: arguments that only the DAG author decides: never templated (a trigger's params cannot
+#: turn them on), never offered by a form
+ALLOW_FIELDS = ("allow_unsafe_mpi_args", "allow_unsafe_env")
 
 
 def _parse_hosts(value: Any) -> Any:
@@ -124,6 +138,7 @@ def _check_secret_env(env: dict[str, str]) -> dict[str, str]:
 
 
 def _check_flags(flags: list[str]) -> list[str]:
+    seen: set[str] = set()
     for flag in flags:
         if not flag.startswith("-"):
             raise ValueError(
@@ -132,6 +147,16 @@ def _check_flags(flags: list[str]) -> list[str]:
             )
         if _CONTROL.search(flag):
             raise ValueError(f"extra_poprun_args item {flag!r} holds a control character")
+        name = flag.partition("=")[0]
+        if name in OWNED_FLAGS:
+            raise ValueError(
+                f"extra_poprun_args item {flag!r}: {name} is composed from the operator's "
+                f"own arguments (hosts, nproc_per_host, num_ipus, mpi_global_args, "
+                f"extra_env, ...); set those instead")
+        if name in seen and name != "--":
+            raise ValueError(f"extra_poprun_args gives {name} more than once (poprun would "
+                             f"keep only the last)")
+        seen.add(name)
     return flags
 
 
@@ -223,6 +248,8 @@ class PopRunConfig(BaseModel):
     extra_env: Env = None
     secret_env: SecretEnv = None
     poprun: Program = "poprun"
+    allow_unsafe_mpi_args: bool = False
+    allow_unsafe_env: bool = False
 
     @property
     def num_instances(self) -> int:
@@ -231,6 +258,16 @@ class PopRunConfig(BaseModel):
     @property
     def num_replicas(self) -> int:
         return self.num_ipus // self.ipus_per_replica
+
+    @field_validator("endpoint_port")
+    @classmethod
+    def _ports_fit(cls, port: int, info: ValidationInfo) -> int:
+        """Instance i of a host listens on endpoint_port + i: the last must be a port."""
+        nproc = info.data.get("nproc_per_host")  # absent when it failed its own checks
+        if nproc is not None and port + nproc - 1 > 65535:
+            raise ValueError(f"{port} with nproc_per_host={nproc} gives the instances ports "
+                             f"{port}..{port + nproc - 1}, beyond 65535")
+        return port
 
     @model_validator(mode="after")
     def _divisible(self) -> PopRunConfig:
@@ -249,6 +286,12 @@ class PopRunConfig(BaseModel):
         clash = sorted(set(self.extra_env or {}) & set(self.secret_env or {}))
         if clash:
             raise ValueError(f"{', '.join(clash)} in both extra_env and secret_env")
+        check_env(self.extra_env, "extra_env", self.allow_unsafe_env)
+        check_env(self.secret_env, "secret_env", self.allow_unsafe_env)
+        check_mpirun_args(self.mpi_global_args or [], "mpi_global_args",
+                          self.allow_unsafe_mpi_args)
+        check_mpirun_args(self.extra_poprun_args or [], "extra_poprun_args",
+                          self.allow_unsafe_mpi_args)
         return self
 
     def secret_env_names(self) -> list[str]:
@@ -270,7 +313,9 @@ class PopRunConfig(BaseModel):
         return {k: v for k, v in (self.extra_env or {}).items() if k not in hidden}
 
 
-FIELD_NAMES: tuple[str, ...] = tuple(PopRunConfig.model_fields)
+#: the fields PopRunOperator templates: all but ALLOW_FIELDS
+FIELD_NAMES: tuple[str, ...] = tuple(n for n in PopRunConfig.model_fields
+                                     if n not in ALLOW_FIELDS)
 _FIELD_ADAPTERS: dict[str, TypeAdapter] = {}
 
 

@@ -8,11 +8,16 @@ a narrower choice (an ``enum`` or ``type`` subset), each checked against those r
 makes a value valid is never written twice. Rules across fields (the batch divisible by the
 data-parallel degree, a host given twice) are the operator's alone: it refuses them when
 the task starts, naming the field.
+
+What reaches the hosts (which hosts, the connection, the interpreter) should be a choice the
+DAG author allows, not free text: `variable_choices` reads those choices from an Airflow
+Variable for an ``enum`` (any DAG may use it, for any operator's params).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import json
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -98,6 +103,39 @@ def params(fields: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
         default = schema.pop("default", None)
         made[param] = Param(default, **schema)
     return made
+
+
+def variable_choices(key: str, default: Sequence[Any] = ()) -> list[Any]:
+    """The choices Airflow Variable `key` allows, for a param's ``enum``: a JSON list of
+    values (strings, numbers, booleans, null); an item that is itself a list of strings (a
+    host list) becomes its comma-separated text, as a ``hosts`` param takes it. Read when
+    the DAG file is parsed (a change shows once the file is parsed again); `default` while
+    the Variable is unset, so the DAG parses without it. ValueError naming the Variable when
+    it holds anything else (the DAG then fails to import, saying so).
+
+    ``airflow variables set ringflow_tp_train_hosts '["trainer-a,trainer-b", ["c1", "c2"]]'``
+    """
+    from airflow.sdk import Variable
+
+    raw = Variable.get(key, default=None)
+    if raw is None:
+        return list(default)
+    try:
+        value = json.loads(raw) if isinstance(raw, str) else raw
+    except ValueError:
+        value = raw
+    if not isinstance(value, list):
+        raise ValueError(f"Airflow Variable {key!r} must hold a JSON list of the choices a "
+                         f"trigger form may offer, got {raw!r}")
+    choices = []
+    for item in value:
+        if isinstance(item, list) and item and all(isinstance(h, str) for h in item):
+            item = ",".join(h.strip() for h in item)
+        elif item is not None and not isinstance(item, (str, int, float, bool)):
+            raise ValueError(f"Airflow Variable {key!r}: {item!r} is not a choice (a string, "
+                             f"number, boolean, null or a list of host names)")
+        choices.append(item)
+    return choices
 
 
 def _builds(kind: str) -> bool:

@@ -116,7 +116,7 @@ def read_history(path: Path) -> list[tuple[int, float]]:
 # (``CommError: ...``, ``RuntimeError: ...``).
 _CAUSE = re.compile(r"^(?:\[rank \d+\] )?(?P<text>\[train\] error: .*|python -m ringflow\.train: "
                     r"error: .*|(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Exit|Interrupt)"
-                    r"(?:: .*)?)$")
+                    r"(?:: .*)?)\Z")
 
 
 def failure_cause(lines: list[str]) -> str | None:
@@ -129,32 +129,39 @@ def failure_cause(lines: list[str]) -> str | None:
 
 
 # pictures -----------------------------------------------------------------------------------
+def chart_columns(history: list[tuple[int, float]], width: int) -> list[float]:
+    """The value of each column of `text_chart`: one point per column while the points fit
+    in `width`, else the mean of each of `width` runs of consecutive points (as even as they
+    divide), so the first point is in the first column, the last in the last and no column
+    is empty."""
+    losses = [v for _, v in history]
+    count = min(width, len(losses))
+    runs = [losses[c * len(losses) // count:(c + 1) * len(losses) // count]
+            for c in range(count)]
+    return [sum(run) / len(run) for run in runs]
+
+
 def text_chart(history: list[tuple[int, float]], width: int = 60, height: int = 10) -> str:
-    """The loss curve as text for the task log: one column per step bucket (its mean), a
-    '*' at its height; the y axis labelled with the loss at the top and the bottom."""
+    """The loss curve as text for the task log: one column per point (or per run of points,
+    their mean, when there are more than `width`), a '*' at its height; the highest column in
+    the top row and the lowest in the bottom row, which are labelled with their loss (a flat
+    curve is one row)."""
     if len(history) < 2:
         return ""
-    steps = [s for s, _ in history]
-    losses = [v for _, v in history]
-    lo, hi = min(losses), max(losses)
-    span = hi - lo or 1.0
-    first, last = steps[0], steps[-1]
-    columns: list[list[float]] = [[] for _ in range(min(width, len(history)))]
-    for step, loss in history:
-        at = (step - first) * (len(columns) - 1) // max(last - first, 1)
-        columns[at].append(loss)
+    columns = chart_columns(history, width)
+    lo, hi = min(columns), max(columns)
+    height = height if hi > lo else 1
     rows = [[" "] * len(columns) for _ in range(height)]
-    for x, values in enumerate(columns):
-        if values:
-            level = (sum(values) / len(values) - lo) / span
-            rows[height - 1 - round(level * (height - 1))][x] = "*"
+    for x, value in enumerate(columns):
+        level = (value - lo) / (hi - lo) if hi > lo else 0.0
+        rows[height - 1 - round(level * (height - 1))][x] = "*"
     label = max(len(f"{hi:.4g}"), len(f"{lo:.4g}"))
     lines = []
     for i, row in enumerate(rows):
         tag = f"{hi:.4g}" if i == 0 else f"{lo:.4g}" if i == height - 1 else ""
-        lines.append(f"{tag:>{label}} |{''.join(row)}")
+        lines.append(f"{tag:>{label}} |{''.join(row)}".rstrip())
     lines.append(f"{'':>{label}} +{'-' * len(columns)}")
-    left, right = f"step {first}", f"step {last}"
+    left, right = f"step {history[0][0]}", f"step {history[-1][0]}"
     gap = " " * max(len(columns) - len(left) - len(right), 2)
     lines.append(f"{'':>{label}}  {left}{gap}{right}")
     return "\n".join(lines)

@@ -7,7 +7,9 @@ path does, and renews the part's lease with the offset it has logged, so a new t
 (after a triggerer restart or hand-over) goes on from there: no line twice, none lost. When
 a part ended badly the others are stopped; when every part ended it fires one event. A host
 that does not answer is retried with backoff for `reconnect_s`; then the task fails naming
-it (its job stops itself when its lease runs out). `on_kill` (a user marked the task failed
+it (its job stops itself when its lease runs out). Every (re)connect first checks the host
+against its connection's ``allowed_hosts`` extra (`hooks.allowed_hosts`): a host outside it
+is never reached, and the task fails without retries. `on_kill` (a user marked the task failed
 or cleared it) stops the job on every host; a triggerer restart never does.
 """
 
@@ -24,6 +26,7 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from ringflow.launch import jobdir
 from ringflow.launch.supervisor import FROZEN_WORDS, boot_id
+from ringflow_provider.hooks.allowed_hosts import AllowedHosts, HostNotAllowedError
 from ringflow_provider.jobs.masking import Secrets
 from ringflow_provider.launchers import commands
 from ringflow_provider.launchers.base import lost_host_grace
@@ -75,7 +78,9 @@ class _Local:
 
 
 class _Remote:
-    """A part on a host reached with asyncssh: one connection, reused, reopened on failure."""
+    """A part on a host reached with asyncssh: one connection, reused, reopened on failure,
+    each (re)open only to a host the connection's ``allowed_hosts`` allows (read anew each
+    time, so a list narrowed while the job runs holds from the next reconnect)."""
 
     def __init__(self, conn_id: str, host: str, connect_timeout: float) -> None:
         self.conn_id, self.host, self.connect_timeout = conn_id, host, connect_timeout
@@ -86,8 +91,12 @@ class _Remote:
 
         try:
             if self._conn is None:
+                from airflow.providers.common.compat.connection import get_async_connection
                 from airflow.providers.ssh.hooks.ssh import SSHHookAsync
 
+                conn = await get_async_connection(self.conn_id)
+                AllowedHosts.of(self.conn_id, conn.extra_dejson).check([self.host],
+                                                                       self.conn_id)
                 hook = SSHHookAsync(ssh_conn_id=self.conn_id, host=self.host,
                                     keepalive_interval=10)
                 self._conn = await asyncio.wait_for(hook.get_conn(),
@@ -159,6 +168,9 @@ class JobTrigger(BaseTrigger):
         self._present = presenter(self.presenter, self.present_options)
         try:
             event = await self._watch(handle)
+        except HostNotAllowedError as exc:  # not retried: the operator fails the task at once
+            self.log.error("job %s: %s", handle.job_id, exc)
+            event = {"status": "refused", "message": str(exc)}
         except Exception as exc:  # an event, not a traceback: the task says what happened
             self.log.exception("the watch of job %s failed", handle.job_id)
             event = {"status": "error", "message": f"the watch of job {handle.job_id} "
@@ -214,6 +226,9 @@ class JobTrigger(BaseTrigger):
         try:
             while True:
                 await asyncio.sleep(COORDINATE_S)
+                for watcher in watchers.values():  # a refused host, a bug: the run says so
+                    if watcher.done() and not watcher.cancelled() and watcher.exception():
+                        raise watcher.exception()
                 if state["lost"] is not None:
                     return state["lost"]
                 if len(finals) == len(handle.parts):
@@ -334,7 +349,7 @@ class JobTrigger(BaseTrigger):
                 if FROZEN_WORDS in said:
                     self._frozen.add(part.host)
                 self.log.info("stopping the job on %s: %s", part.host, said)
-            except HostUnreachable as exc:
+            except (HostUnreachable, HostNotAllowedError) as exc:
                 self.log.error("could not reach %s to stop the job: %s", part.host, exc)
 
         await asyncio.gather(*(stop(p) for p in parts))

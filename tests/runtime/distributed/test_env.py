@@ -29,6 +29,15 @@ def test_per_host_endpoints_give_each_rank_the_host_port_plus_its_local_rank():
     assert env.endpoint == Endpoint("10.0.0.2", 7001)
 
 
+def test_per_host_ports_past_65535_are_a_config_error_naming_the_endpoint():
+    env = {**BASE, "PADDLE_TRAINER_ENDPOINTS": "10.0.0.1:65535,10.0.0.2:65535",
+           "PADDLE_CURRENT_ENDPOINT": "10.0.0.2:65535", "PADDLE_LOCAL_SIZE": "2"}
+    with pytest.raises(ConfigError) as err:
+        worker_env(env)  # not an OverflowError from bind() in every rank
+    assert str(err.value) == ("PADDLE_TRAINER_ENDPOINTS: host endpoint 10.0.0.1:65535 with 2 "
+                              "ranks per host gives ports 65535..65536, beyond 65535")
+
+
 def test_per_host_style_needs_the_local_rank():
     env = {**BASE, "PADDLE_TRAINER_ENDPOINTS": "10.0.0.1:7000,10.0.0.2:7000"}
     del env["PADDLE_RANK_IN_NODE"]

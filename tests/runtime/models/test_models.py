@@ -10,7 +10,7 @@ import ringflow as rf
 from ringflow.errors import ConfigError
 from ringflow.models import mlp, transformer
 
-SMALL_GPT = dict(vocab_size=32, seq_len=8, hidden_size=16, num_heads=4, num_layers=2)
+SMALL_TRANSFORMER = dict(vocab_size=32, seq_len=8, hidden_size=16, num_heads=4, num_layers=2)
 
 
 def _train(builder, steps: int, lr: float, **kwargs) -> list[float]:
@@ -31,7 +31,7 @@ def test_mlp_learns_its_synthetic_task():
 
 
 def test_transformer_learns_its_recurrence():
-    losses = _train(transformer, 80, 1e-2, **SMALL_GPT)
+    losses = _train(transformer, 80, 1e-2, **SMALL_TRANSFORMER)
     assert losses[0] > 3.0      # about log(32) at the start
     assert np.mean(losses[-10:]) < 0.5
 
@@ -48,7 +48,7 @@ def test_parameters_are_named_explicitly():
     assert _param_names(mlp, num_layers=2) == [
         "mlp.0.fc1.w", "mlp.0.fc1.b", "mlp.0.fc2.w", "mlp.0.fc2.b",
         "mlp.1.fc1.w", "mlp.1.fc1.b", "mlp.1.fc2.w", "mlp.1.fc2.b"]
-    names = _param_names(transformer, **{**SMALL_GPT, "num_layers": 1})
+    names = _param_names(transformer, **{**SMALL_TRANSFORMER, "num_layers": 1})
     assert names == [
         "gpt.embed.tok", "gpt.embed.pos", "gpt.0.ln1.scale", "gpt.0.ln1.bias",
         "gpt.0.attn.qkv.w", "gpt.0.attn.out.w", "gpt.0.attn.out.b", "gpt.0.ln2.scale",
@@ -56,7 +56,7 @@ def test_parameters_are_named_explicitly():
         "gpt.0.mlp.fc2.b", "gpt.ln_f.scale", "gpt.ln_f.bias", "gpt.head.w"]
 
 
-@pytest.mark.parametrize("builder, kwargs", [(mlp, {}), (transformer, SMALL_GPT)],
+@pytest.mark.parametrize("builder, kwargs", [(mlp, {}), (transformer, SMALL_TRANSFORMER)],
                          ids=["mlp", "transformer"])
 def test_a_batch_depends_only_on_seed_step_and_size(builder, kwargs):
     with rf.program_guard(rf.Program(), rf.Program()):
@@ -70,7 +70,7 @@ def test_a_batch_depends_only_on_seed_step_and_size(builder, kwargs):
 
 def test_transformer_labels_are_the_next_tokens():
     with rf.program_guard(rf.Program(), rf.Program()):
-        model = transformer(**SMALL_GPT)
+        model = transformer(**SMALL_TRANSFORMER)
     batch = model.make_batch(0, 0, 4)
     np.testing.assert_array_equal(batch["labels"][:, :-1], batch["tokens"][:, 1:])
     assert batch["tokens"].dtype == np.int64 and batch["tokens"].shape == (4, 8)

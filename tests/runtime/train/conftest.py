@@ -21,9 +21,9 @@ from ringflow.train.metrics import parse_train_line
 from tests.runtime.launch.conftest import launcher  # noqa: F401  (the fixture, reused)
 
 REPO = Path(__file__).resolve().parents[3]
-# small and quick: a 2-layer MLP and a 1-layer GPT
+# small and quick: a 2-layer MLP and a 1-layer transformer
 MLP_ARGS = {"input_size": 16, "hidden_size": 32, "num_classes": 8, "num_layers": 2}
-GPT_ARGS = {"vocab_size": 32, "seq_len": 8, "hidden_size": 16, "num_heads": 4,
+TRANSFORMER_ARGS = {"vocab_size": 32, "seq_len": 8, "hidden_size": 16, "num_heads": 4,
             "num_layers": 1, "ffn_size": 32}
 JOB_ENV = {"RINGFLOW_COMM_TIMEOUT": "60", "RINGFLOW_RENDEZVOUS_TIMEOUT": "60",
            "PYTHONPATH": str(REPO)}

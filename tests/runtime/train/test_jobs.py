@@ -19,9 +19,9 @@ import pytest
 
 from ringflow.train.checkpoint import list_steps
 from tests.runtime.train.conftest import (
-    GPT_ARGS,
     JOB_ENV,
     MLP_ARGS,
+    TRANSFORMER_ARGS,
     Output,
     read_until,
     run_job,
@@ -75,7 +75,7 @@ def test_the_console_script_trains_in_one_process(tmp_path):
 
 # (world, degree, base model, its arguments, dtype)
 RESUME_CASES = [
-    pytest.param(2, 2, "transformer", {**GPT_ARGS, "dropout": 0.1}, "float32", id="mp2"),
+    pytest.param(2, 2, "transformer", {**TRANSFORMER_ARGS, "dropout": 0.1}, "float32", id="mp2"),
     pytest.param(2, 1, "mlp", {**MLP_ARGS, "dropout": 0.2}, "float64", id="dp2"),
 ]
 

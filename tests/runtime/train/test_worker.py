@@ -13,7 +13,7 @@ import pytest
 
 import ringflow as rf
 from ringflow.train.checkpoint import latest_checkpoint, list_steps
-from tests.runtime.train.conftest import GPT_ARGS, MLP_ARGS
+from tests.runtime.train.conftest import MLP_ARGS, TRANSFORMER_ARGS
 
 BASE = {"model": "mlp", "model_args": MLP_ARGS, "dtype": "float64", "global_batch_size": 8,
         "seed": 3, "optimizer": {"type": "adam", "learning_rate": 0.01}}
@@ -47,7 +47,7 @@ def test_metric_lines_at_step_one_every_log_every_and_the_last(train_here):
 
 
 def test_the_lr_reported_is_the_rate_of_that_step(train_here):
-    out = train_here({"model": "transformer", "model_args": GPT_ARGS, "steps": 6,
+    out = train_here({"model": "transformer", "model_args": TRANSFORMER_ARGS, "steps": 6,
                       "log_every": 1, "global_batch_size": 4,
                       "optimizer": {"type": "adamw", "learning_rate": 0.02},
                       "lr_schedule": {"type": "linear_warmup", "warmup_steps": 4}})
@@ -221,4 +221,4 @@ def test_every_rank_says_once_where_it_runs(train_here):
     out = train_here({"model": "mlp", "steps": 1, "checkpoint_dir": None})
     (line,) = [x for x in out.stdout.splitlines() if " starts on host " in x]
     assert line.startswith("[train] rank 0 of 1 starts on host 0 (")
-    assert line.endswith("tensor parallel rank 0 of 1, data parallel rank 0 of 1")
+    assert line.endswith("mp rank 0 of 1, dp rank 0 of 1")

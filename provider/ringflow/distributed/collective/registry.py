@@ -101,8 +101,10 @@ def _at_exit() -> None:
         blamed = blamed_rank()
         after = (" after-peer-failure" + ("" if blamed is None else f" {blamed}")
                  if peer_failure_seen() else "")
-        with contextlib.suppress(OSError, ValueError):
-            print(f"ringflow-exit-time {time.time():.6f}{after}", file=sys.stderr, flush=True)
+        with contextlib.suppress(OSError, ValueError):  # one write: mpirun tags it whole
+            sys.stderr.flush()
+            os.write(sys.stderr.fileno(), f"ringflow-exit-time {time.time():.6f}{after}\n"
+                     .encode())
     # An uncaught exception (the interpreter recorded it in sys.last_value) is a death, not
     # an orderly exit: close without goodbye so the peers fail fast.
     destroy_all(goodbye=getattr(sys, "last_value", None) is None)
