@@ -96,12 +96,14 @@ def part_failure(outcome: AgentOutcome, host: str | None, final: dict[str, Any],
 
 def lost_host_failure(outcome: AgentOutcome, hosts: list[str], host: str, entry: dict,
                       finals: dict[str, dict[str, Any]], nproc: int, cause: str | None,
-                      last_step: int | None) -> tuple[str, str] | None:
+                      last_step: int | None, gathered: bool = False) -> tuple[str, str] | None:
     """The message and the host to blame when the rank that failed first only noticed a peer go
     silent (it reported `after_peer_failure` and the peer's global rank) and that peer's
     host is the root cause: its part could not be reached (the host was lost: down,
     partitioned) or its ranks were alive but silent until the launcher stopped them (the
-    host froze). None when the rule does not apply (the rank's own failure is the cause)."""
+    host froze). For a job whose parts are gathered by Open MPI's mpirun on the first host,
+    a blamed host whose agent never reported is lost (mpirun gave up on it). None when the
+    rule does not apply (the rank's own failure is the cause)."""
     blamed = entry.get("blamed_rank")
     if not entry.get("after_peer_failure") or not isinstance(blamed, int) or nproc < 1:
         return None
@@ -125,6 +127,10 @@ def lost_host_failure(outcome: AgentOutcome, hosts: list[str], host: str, entry:
         subject = f"host {lost} stopped answering"
         why = ("its ranks were alive but silent (frozen or overloaded) until the launcher "
                "stopped them; its SSH connection answered")
+    elif gathered and not result:
+        subject = f"lost contact with host {lost}"
+        why = ("its launcher agent never reported: Open MPI's daemon there went silent (the "
+               "host unreachable or hung)")
     else:
         return None
     step = f" after step {last_step}" if last_step is not None else " before the first step"

@@ -57,7 +57,7 @@ def failure(handle: JobHandle, report: JobReport,
             lost = lost_host_failure(report, list(handle.hosts), host, entry, finals,
                                      handle.extra.get("nproc_per_host", 1),
                                      failure_cause(report.rank_tails.get(host) or []),
-                                     report.last_step)
+                                     report.last_step, gathered=handle.gathered)
             if lost is not None:
                 return Failure(lost[0], 1, lost[1], unreachable=True)
         message, code = rank_failure(report, host, entry, handle.log_dir, failure_cause,
