@@ -64,12 +64,13 @@ def two_hosts(ns_hosts, ns_conns):
 
 
 def record(scenario: str, launcher: str, mode: str, bound: str, measured_s: float | None,
-           seen: str) -> None:
-    """One row of the fault table's source."""
+           seen: str, heartbeat_s: float = HEARTBEAT_S) -> None:
+    """One row of the fault table's source (scripts/fault_table.py)."""
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     with RESULTS.open("a") as f:
         f.write(json.dumps({"scenario": scenario, "launcher": launcher, "mode": mode,
                             "bound": bound, "measured_s": measured_s, "seen": seen,
+                            "heartbeat_s": heartbeat_s,
                             "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}) + "\n")
 
 
@@ -240,4 +241,5 @@ def test_a_link_flap_shorter_than_the_heartbeat_timeout_loses_no_step(two_hosts,
     assert [s for s, _ in summary["loss_history"]] == list(range(1, 401))
     assert watched.steps() == list(range(1, 401))  # each progress line once, in order
     record("a link flap shorter than the heartbeat timeout (5 s)", launcher, mode,
-           "the job goes on; no step lost or repeated", None, "the task succeeds")
+           "the job goes on; no step lost or repeated", None, "the task succeeds",
+           FLAP_HEARTBEAT_S)
