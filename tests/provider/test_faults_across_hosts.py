@@ -243,3 +243,41 @@ def test_a_link_flap_shorter_than_the_heartbeat_timeout_loses_no_step(two_hosts,
     record("a link flap shorter than the heartbeat timeout (5 s)", launcher, mode,
            "the job goes on; no step lost or repeated", None, "the task succeeds",
            FLAP_HEARTBEAT_S)
+
+
+def watch_sessions(host) -> list[int]:
+    """sshd's sessions on a host that serve the launcher (its follow commands or the
+    triggerer's connection), by pid in the host's namespace."""
+    sessions = [p for p in host.leftovers() if p.cmdline.startswith("sshd:")]
+    return [p.pid for p in sessions]
+
+
+@pytest.mark.parametrize("mode", ["attached", "deferred"])
+def test_the_airflow_side_losing_its_connection_to_one_host(two_hosts, mode):
+    """Every SSH session of the Airflow side to the second host is killed while the job is
+    healthy (an sshd restart, a NAT timeout): attached, the watch of that part is lost, so
+    the job is stopped on every host and the task names the host; deferred, the trigger
+    reconnects within its budget and the job goes on to succeed."""
+    hosts = two_hosts[0]
+    second = hosts[1].address
+    watched = start(two_hosts, "ssh", mode, FLAP_HEARTBEAT_S, steps=300, checkpoint_every=50)
+    watched.wait_for_step(5)
+    sessions = watch_sessions(hosts[1])
+    assert sessions, hosts[1].leftovers()
+    cut = time.monotonic()
+    hosts[1].run(["kill", "-KILL", *map(str, sessions)])
+    assert watched.end(120), ("the task did not end", watched.lines()[-20:])
+    ended_after = time.monotonic() - cut
+    if mode == "attached":
+        message = str(watched.outcome.get("error"))
+        assert second in message.split(";")[0], message
+        record("the Airflow side loses its SSH connection to one host", "ssh", mode,
+               "the job is stopped on every host; the task names the host",
+               round(ended_after, 1), message.split(";")[0])
+    else:
+        summary = watched.outcome.get("result")
+        assert summary is not None, (watched.outcome, watched.lines()[-20:])
+        assert [s for s, _ in summary["loss_history"]] == list(range(1, 301))
+        record("the Airflow side loses its SSH connection to one host", "ssh", mode,
+               "the trigger reconnects; the job goes on", None, "the task succeeds",
+               FLAP_HEARTBEAT_S)
