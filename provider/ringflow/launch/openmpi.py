@@ -56,7 +56,7 @@ INSTANCE_SH = (SECRETS_SH + f'n="${{{EXIT_NONCE_VAR}:-}}"; unset {EXIT_NONCE_VAR
 EXIT_LINE = re.compile(rf"^{EXIT_MARK} (\S+) (\d+) (\d+(?:\.\d+)?)\Z")
 # A ringflow worker's own line, printed as it begins to exit, before its rings close (so
 # before any peer can fail because of it): with RINGFLOW_REPORT_EXIT_TIME=1 in its env.
-RANK_EXIT_LINE = re.compile(r"^ringflow-exit-time (\d+(?:\.\d+)?)( after-peer-failure)?\Z")
+RANK_EXIT_LINE = re.compile(r"^ringflow-exit-time (\d+(?:\.\d+)?)( after-peer-failure(?: \d+)?)?\Z")
 # mpirun's own report of the first failure (Open MPI 4 and 5).
 FAILED_RANK = re.compile(r"Process name:\s*\[\[\d+,\d+\],(\d+)\]")
 FAILED_CODE = re.compile(r"Exit code:\s*(-?\d+)")

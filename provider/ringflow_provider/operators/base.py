@@ -171,16 +171,20 @@ class RingflowJobOperator(BaseOperator):
             raise RingflowHostUnreachableException(
                 self._secrets.mask(str(event.get("message"))))
         launcher = launcher_for(handle, self.log)
+        said = event.get("finals") or {}
+        lost = {host: final for host, final in said.items()
+                if final.get("state") == "unreachable"}
         try:
             report = self.new_report()
-            _, looks = launcher.read_all(handle, report.feed)
+            _, looks = launcher.read_all(handle, report.feed, skip=list(lost))
         except LaunchError as exc:
             raise launch_exception(exc, self._secrets.mask(str(exc))) from None
         finally:
             launcher.close()
-        finals = {host: {**(look.status or {}), "state": look.state}
+        finals = {host: {**(look.status or {}), "state": look.state,
+                         **({"frozen": True} if said.get(host, {}).get("frozen") else {})}
                   for host, look in looks.items()}
-        return self.finish(context, handle, report, finals)
+        return self.finish(context, handle, report, {**finals, **lost})
 
     def on_kill(self) -> None:
         """Stop the job on every host (returns within about 2 s) and make `execute` raise."""

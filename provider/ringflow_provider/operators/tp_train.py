@@ -44,9 +44,11 @@ from ringflow_provider.operators.base import RingflowJobOperator, flag
 from ringflow_provider.plugins.links import TrainingCurveLink
 from ringflow_provider.tp_train import outcome
 from ringflow_provider.tp_train.args import (
+    DEFAULT_HEARTBEAT_TIMEOUT_S,
     base_port,
     connections,
     env_dict,
+    heartbeat_timeout,
     host_list,
     interpreter,
     launcher_name,
@@ -156,6 +158,10 @@ class TPTrainOperator(RingflowJobOperator):
         Open MPI on every host and SSH from the first host to the others) (templated)
     :param base_port: the first rank port on every host; default a range free on every
         host, found before the job starts (templated)
+    :param heartbeat_timeout: seconds of silence after which a rank declares a peer lost
+        (its process stopped, or its host unreachable), default 20; a network hiccup
+        shorter than this does not stop the job, and a lost host fails the task within
+        about twice this (templated)
 
     How it is watched (the job runs under ringflow's supervisor on each host, detached from
     the task process; see `RingflowJobOperator`):
@@ -173,7 +179,7 @@ class TPTrainOperator(RingflowJobOperator):
 
     template_fields = (*SPEC_FIELDS, "nproc_per_host", "log_dir", "extra_env", "secret_env",
                        "memory_check", "hosts", "ssh_conn_id", "python", "launcher", "base_port",
-                       *RingflowJobOperator.job_fields)
+                       "heartbeat_timeout", *RingflowJobOperator.job_fields)
     template_fields_renderers: ClassVar[dict[str, str]] = {
         "model_args": "json", "optimizer": "json", "lr_schedule": "json", "extra_env": "json",
         "secret_env": "json"}
@@ -200,6 +206,7 @@ class TPTrainOperator(RingflowJobOperator):
                  ssh_conn_id: str | dict = MultiHostSSHHook.default_conn_name,
                  python: str = "python3", launcher: str = "ssh",
                  base_port: int | str | None = None, allow_unsafe_env: bool = False,
+                 heartbeat_timeout: float | str = DEFAULT_HEARTBEAT_TIMEOUT_S,
                  **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if not isinstance(allow_unsafe_env, bool):  # a template must not switch it on
@@ -223,6 +230,7 @@ class TPTrainOperator(RingflowJobOperator):
         self.memory_check = memory_check
         self.hosts, self.ssh_conn_id, self.python = hosts, ssh_conn_id, python
         self.launcher, self.base_port = launcher, base_port
+        self.heartbeat_timeout = heartbeat_timeout
         self._declare_asset()
         self._steps = 0
 
@@ -280,7 +288,8 @@ class TPTrainOperator(RingflowJobOperator):
                     "memory": _estimate(spec, nproc * max(len(hosts), 1), extra),
                     "memory_check": flag("memory_check", self.memory_check),
                     "secret": secret, "launcher": "local",
-                    "conns": {}, "python": "python3", "base_port": None}
+                    "conns": {}, "python": "python3", "base_port": None,
+                    "heartbeat": heartbeat_timeout(self.heartbeat_timeout)}
             if hosts:
                 plan.update(conns=connections(self.ssh_conn_id, hosts),
                             log_dir=(self.log_dir or REMOTE_LOG_DIR).format(**ids),
@@ -332,7 +341,8 @@ class TPTrainOperator(RingflowJobOperator):
         # extra_env under secret names goes as secret_env does: on stdin, never on a command
         # line (`ps` on a host); the rest as quoted exports
         plain, hidden = split_env(plan["extra"])
-        env = {**plain, "PYTHONUNBUFFERED": "1"}
+        env = {**plain, "PYTHONUNBUFFERED": "1",
+               "RINGFLOW_HEARTBEAT_TIMEOUT": f"{plan['heartbeat']:g}"}
         parts = launcher.agent_parts(["-m", "ringflow.train", f"{log_dir}/spec.json"],
                                      nproc_per_host=nproc, log_dir=log_dir, base_port=port,
                                      env=env)
@@ -344,7 +354,7 @@ class TPTrainOperator(RingflowJobOperator):
             checkpoint_dir=spec.checkpoint_dir, gathered=launcher.name == "mpirun",
             extra={"homes": dict(launcher.homes), "nproc_per_host": nproc,
                    "model": spec.model, "mp_degree": spec.tensor_parallel_degree,
-                   "steps": spec.steps})
+                   "steps": spec.steps, "heartbeat_timeout": plan["heartbeat"]})
 
     def _check_memory(self, launcher: Launcher, plan: dict[str, Any]) -> None:
         """Every host's MemAvailable holds its ranks' estimate, or the job is refused."""

@@ -16,6 +16,8 @@ from ringflow_provider.launchers.job import ON_EXISTING
 from ringflow_provider.rendered import json_text
 
 LAUNCHERS = ("ssh", "mpirun")
+DEFAULT_HEARTBEAT_TIMEOUT_S = 20.0
+MAX_HEARTBEAT_TIMEOUT_S = 3600.0
 #: the hosts' python as `interpreter` takes it (searched, as JSON schema does): a command or
 #: a path, never empty, an option (a leading '-') or a control character
 PYTHON_PATTERN = r"^\s*[^\s\x00-\x1f-](?:[^\x00-\x1f]*[^\s\x00-\x1f])?\s*$"
@@ -102,6 +104,18 @@ def base_port(value: Any, nproc: int) -> int | None:
     return port
 
 
+def heartbeat_timeout(value: Any) -> float:
+    """Seconds of a peer's silence before a rank gives it up: > 0 and at most an hour."""
+    try:
+        seconds = float(str(value).strip())
+    except ValueError:
+        seconds = float("nan")
+    if not 0 < seconds <= MAX_HEARTBEAT_TIMEOUT_S:
+        raise ValueError(f"heartbeat_timeout must be a number of seconds in (0, "
+                         f"{MAX_HEARTBEAT_TIMEOUT_S:g}], got {value!r}")
+    return seconds
+
+
 class FormArgs(BaseModel):
     """TPTrainOperator's arguments beyond the job spec, one plain value each (as a trigger
     form offers them), with the rules the functions above apply; the trigger form's schema
@@ -123,6 +137,10 @@ class FormArgs(BaseModel):
                                   description="the first rank port on every host")
     memory_check: bool = Field(True, description="refuse a job whose estimated memory "
                                                  "exceeds a host's MemAvailable")
+    heartbeat_timeout: float = Field(DEFAULT_HEARTBEAT_TIMEOUT_S, gt=0,
+                                     le=MAX_HEARTBEAT_TIMEOUT_S,
+                                     description="seconds of a peer's silence before a rank "
+                                                 "declares it lost")
     deferrable: bool = Field(False, description="hand the watch to Airflow's triggerer")
     poll_interval: float = Field(10.0, gt=0, description="seconds between the triggerer's "
                                                          "looks at the job")

@@ -12,7 +12,7 @@ from typing import Any
 from ringflow.launch.exits import EXIT_CODES, NOT_RETRIED
 from ringflow_provider.launchers.job import JobHandle
 from ringflow_provider.launchers.local import ringflow_home
-from ringflow_provider.launchers.outcome import part_failure, rank_failure
+from ringflow_provider.launchers.outcome import lost_host_failure, part_failure, rank_failure
 from ringflow_provider.tp_train.report import (
     JobReport,
     failure_cause,
@@ -55,6 +55,13 @@ def failure(handle: JobHandle, report: JobReport,
     first = report.first_failure(hosts)
     if first is not None:
         host, entry = first
+        if handle.show_hosts:
+            lost = lost_host_failure(report, list(handle.hosts), host, entry, finals,
+                                     handle.extra.get("nproc_per_host", 1),
+                                     failure_cause(report.rank_tails.get(host) or []),
+                                     report.last_step, gathered=handle.gathered)
+            if lost is not None:
+                return Failure(lost[0], 1, lost[1], unreachable=True)
         message, code = rank_failure(report, host, entry, handle.log_dir, failure_cause,
                                      handle.hosts[0])
         return Failure(message, code, host)

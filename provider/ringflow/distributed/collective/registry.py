@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 from ringflow.distributed.collective import rendezvous
 from ringflow.distributed.collective.communicator import Communicator
-from ringflow.distributed.collective.transport.base import peer_failure_seen
+from ringflow.distributed.collective.transport.base import blamed_rank, peer_failure_seen
 from ringflow.distributed.env import Endpoint, comm_settings
 from ringflow.errors import CommError, ConfigError
 
@@ -102,8 +102,11 @@ def _at_exit() -> None:
     if _rings and os.environ.get(EXIT_TIME_VAR) == "1":
         # For a launcher that names the first rank to fail (ringflow-poprun): the time this
         # rank began to exit, before its peers can see its rings close and fail in turn.
-        # "after-peer-failure": this rank saw a peer fail first, so it is not the root cause
-        after = " after-peer-failure" if peer_failure_seen() else ""
+        # "after-peer-failure [R]": this rank saw a peer fail first (global rank R, where
+        # known), so it is not the root cause
+        blamed = blamed_rank()
+        after = (" after-peer-failure" + ("" if blamed is None else f" {blamed}")
+                 if peer_failure_seen() else "")
         with contextlib.suppress(OSError, ValueError):  # one write: mpirun tags it whole
             sys.stderr.flush()
             os.write(sys.stderr.fileno(), f"ringflow-exit-time {time.time():.6f}{after}\n"
