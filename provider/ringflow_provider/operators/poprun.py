@@ -14,9 +14,9 @@ from functools import cached_property
 from typing import Any, ClassVar
 
 from airflow.sdk.exceptions import AirflowSkipException
-from pydantic import TypeAdapter
+from pydantic import TypeAdapter, ValidationError
 
-from ringflow.errors import LaunchError, RingflowError
+from ringflow.errors import ConfigError, LaunchError, RingflowError
 from ringflow_provider.exceptions import (
     RingflowConfigException,
     RingflowHostUnreachableException,
@@ -37,6 +37,7 @@ from ringflow_provider.operators.base import RingflowJobOperator
 from ringflow_provider.poprun import (
     FIELD_NAMES,
     PopRunConfig,
+    config_error_message,
     launch_argv,
     mask_argv,
     parse_config,
@@ -216,7 +217,10 @@ class PopRunOperator(RingflowJobOperator):
             else:
                 for name, value in values.items():
                     if not _templated(value):
-                        validate_field(name, value)
+                        try:
+                            validate_field(name, value)
+                        except ValidationError as exc:  # names no field by itself
+                            raise ConfigError(config_error_message(exc, name)) from None
             if self.launch_host and not _templated(self.launch_host):
                 check_host(self.launch_host)
         except (RingflowError, ValueError) as exc:
