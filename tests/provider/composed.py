@@ -32,7 +32,7 @@ class Sent:
     stdin: str
 
 
-class Composed(Exception):  # noqa: N818 (not an error: the end of a composition)
+class Composed(Exception):
     """Raised once the job's parts were composed; `sent` holds them, `files` what was
     written on the hosts ((host, path) -> text)."""
 

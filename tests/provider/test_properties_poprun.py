@@ -21,8 +21,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ringflow.errors import ConfigError
-from ringflow.launch.supervisor import ENV_KEY
 from ringflow.launch.openmpi import INSTANCE_NAME, INSTANCE_SH, exported_names
+from ringflow.launch.supervisor import ENV_KEY
 from ringflow.poprun import parse_poprun_args
 from ringflow.poprun.mpirun import mpirun_argv as poprun_mpirun_argv
 from ringflow_provider.exceptions import RingflowConfigException
@@ -34,13 +34,14 @@ from ringflow_provider.operators import poprun as poprun_module
 from ringflow_provider.operators.poprun import CPU_POPRUN, KILL_GRACE_S, PopRunOperator
 from ringflow_provider.poprun import FIELD_NAMES, PopRunConfig, parse_config, validate_field
 from tests.hostile import (
+    OMIT,
     PROPERTY_SETTINGS,
     as_json_text,
     env_map,
     hostile_text,
-    remote_script,
+    mostly_valid,
+    remote_words,
     same_shape,
-    shell_words,
     text_or,
 )
 from tests.provider.composed import SHIPPED, Composed, recording_launcher
@@ -59,65 +60,84 @@ FIELD_RULES_ACROSS = ("num_ipus", "ipus_per_replica", "nproc_per_host", "extra_e
 
 def _int_or_text(low: int, high: int) -> st.SearchStrategy:
     return st.one_of(st.integers(low, high), st.integers(low, high).map(str),
-                     st.sampled_from([" 2 ", "0x2", "1e1", "1.5", "", "two", True]),
-                     hostile_text(2))
+                     st.sampled_from([" 2 ", "0x2", "1e1", "1.5", "", "two", True, None]),
+                     hostile_text())
 
 
 def _bool_or_text() -> st.SearchStrategy:
     return st.one_of(st.booleans(), st.sampled_from(["yes", "no", "true", "False", "1",
-                                                     "maybe", "", " true "]))
+                                                     "maybe", "", " true ", None, 2]))
 
 
-def _hosts() -> st.SearchStrategy:
-    names = st.lists(text_or("localhost", "node-1", "10.0.0.1", "n2", max_pieces=3),
-                     min_size=1, max_size=3)
-    return st.one_of(names, names.map(",".join), names.map(json.dumps))
+def _maybe(*values) -> st.SearchStrategy:
+    """Left out (the default) or one of `values`."""
+    return st.sampled_from([OMIT, *values])
 
 
-REQUIRED = {
-    "hosts": _hosts(),
-    "nproc_per_host": st.one_of(st.integers(1, 2), _int_or_text(-1, 4)),
-    "ipus_per_replica": st.one_of(st.just(1), _int_or_text(0, 4)),
-    "num_ipus": st.one_of(st.sampled_from([2, 4, 8, 12]), _int_or_text(-1, 16)),
+def _hosts(names: st.SearchStrategy) -> st.SearchStrategy:
+    listed = st.lists(names, min_size=1, max_size=3, unique=True)
+    return st.one_of(listed, listed.map(",".join), listed.map(json.dumps))
+
+
+_ENV = st.dictionaries(st.sampled_from(["A", "FOO", "DB_PASSWORD", "LOG_LEVEL"]),
+                       st.sampled_from(["1", "x", "/opt/data", "a,b", "k=v"]), max_size=2)
+VALID = {
+    "hosts": _hosts(st.sampled_from(["localhost", "node-1", "10.0.0.1"])),
+    "nproc_per_host": st.sampled_from([1, 2, "2"]),
+    "ipus_per_replica": st.sampled_from([1, 1, 2]),
+    "num_ipus": st.sampled_from([12, 24, "12"]),
+    "ipu_partition": st.just("pod16"),
+    "vipu_server": st.sampled_from(["127.0.0.1", "vipu-host"]),
+    "training_script": st.sampled_from(["train.py", "/opt/job/train.py"]),
+    "training_script_args": _maybe(["--lr=0.1", "5"], '["-x", "a b"]', []),
+    "python": _maybe("python3"),
+    "popart_log_level": _maybe(None, "INFO", ""),
+    "endpoint_port": _maybe(8091, "9000"),
+    "update_partition": _maybe(True, "false"),
+    "print_topology": _maybe(False),
+    "mpi_global_args": _maybe(None, ["--bind-to", "none"], '["-v"]'),
+    "extra_poprun_args": _maybe(None, list(FLAGS[:2]), '["-v"]'),
+    "extra_env": st.one_of(_maybe(None), _ENV, _ENV.map(json.dumps)),
+    "secret_env": st.one_of(_maybe(None), st.dictionaries(
+        st.sampled_from(["S_KEY", "TOKEN"]), st.sampled_from(["p a'ss$(id)", "k"]),
+        max_size=2)),
+    "poprun": st.sampled_from([OMIT, "poprun", CPU_POPRUN, CPU_POPRUN]),
+    "launch_host": _maybe(None, "10.0.0.1", ""),
+    "remote_state_dir": _maybe(None, "/tmp/ringflow jobs"),
+    "ringflow_job": _maybe(True, "false"),
+    "lease_timeout": _maybe(None, 60),
+}
+HOSTILE = {
+    "hosts": _hosts(text_or("localhost", "node-1", "10.0.0.1")),
+    "nproc_per_host": _int_or_text(-1, 4),
+    "ipus_per_replica": _int_or_text(0, 4),
+    "num_ipus": _int_or_text(-1, 16),
     "ipu_partition": text_or("pod16", "p"),
     "vipu_server": text_or("127.0.0.1", "vipu-host"),
     "training_script": text_or("train.py", "/opt/job/train.py", "./-x.py"),
-}
-OPTIONAL = {
     "training_script_args": as_json_text(st.lists(
         text_or("--lr=0.1", "-x", "5", "--epochs", "a b"), max_size=4)),
     "python": text_or("python3", "/usr/bin/python3"),
-    "popart_log_level": st.one_of(st.none(), text_or("INFO", "DEBUG", "")),
+    "popart_log_level": text_or("INFO", "DEBUG", ""),
     "endpoint_port": _int_or_text(-1, 70_000),
     "update_partition": _bool_or_text(),
     "vipu_server_timeout": _int_or_text(-1, 300),
     "print_topology": _bool_or_text(),
     "numa_aware": _bool_or_text(),
-    "mpi_global_args": st.one_of(st.none(), as_json_text(st.lists(
-        text_or("--bind-to", "none", "-v", "--mca", "btl", "tcp,self"), max_size=4))),
-    "extra_poprun_args": st.one_of(st.none(), as_json_text(st.lists(
-        text_or(*FLAGS), max_size=3))),
-    "extra_env": st.one_of(st.none(), as_json_text(env_map())),
-    "secret_env": st.one_of(st.none(), as_json_text(env_map())),
-    "poprun": st.one_of(st.sampled_from(["poprun", CPU_POPRUN]),
-                        text_or("/opt/poprun/bin/poprun")),
-    "launch_host": st.one_of(st.none(), text_or("localhost", "10.0.0.1")),
-    "remote_state_dir": st.one_of(st.none(), text_or("/tmp/ringflow jobs", "state")),
+    "mpi_global_args": as_json_text(st.lists(
+        text_or("--bind-to", "none", "-v", "--mca", "btl", "tcp,self"), max_size=4)),
+    "extra_poprun_args": as_json_text(st.lists(text_or(*FLAGS), max_size=3)),
+    "extra_env": as_json_text(env_map()),
+    "secret_env": as_json_text(env_map()),
+    "poprun": text_or("poprun", CPU_POPRUN, "/opt/poprun/bin/poprun"),
+    "launch_host": text_or("localhost", "10.0.0.1"),
+    "remote_state_dir": text_or("/tmp/ringflow jobs", "state", ".ringflow/jobs"),
     "ringflow_job": _bool_or_text(),
     "poll_interval": st.one_of(st.floats(), text_or("10", "0.5")),
-    "lease_timeout": st.one_of(st.none(), st.floats(), text_or("60", "none")),
+    "lease_timeout": st.one_of(st.floats(), text_or("60", "none")),
     "on_existing": text_or("reattach", "restart"),
     "deferrable": _bool_or_text(),
 }
-
-
-@st.composite
-def poprun_arguments(draw) -> dict:
-    """The required arguments and a few optional ones, each hostile or valid."""
-    values = {name: draw(strategy) for name, strategy in REQUIRED.items()}
-    for name in sorted(draw(st.sets(st.sampled_from(sorted(OPTIONAL))))):
-        values[name] = draw(OPTIONAL[name])
-    return values
 
 
 # -- what the seed's poprun gets ---------------------------------------------------------------
@@ -210,6 +230,8 @@ def check_start_command(sent, op: PopRunOperator, config: PopRunConfig, argv: li
     task = TaskKey("d", "p", "r", 1)
     state = op.remote_state_dir or DEFAULT_STATE
     env = dict(config.plain_env())
+    if config.poprun == CPU_POPRUN:
+        env["PYTHONPATH"] = SHIPPED
     env.update({"RINGFLOW_JOB_ID": JOB_ID, "RINGFLOW_TASK": task.key, "PYTHONPATH": SHIPPED})
     secret_names = [*config.hidden_env(), *(["RINGFLOW_JOB_TOKEN"] if "RINGFLOW_JOB_TOKEN"
                                              in sent[0].stdin else [])]
@@ -224,24 +246,16 @@ def check_start_command(sent, op: PopRunOperator, config: PopRunConfig, argv: li
         env={f"PHENVNAME{i}X": f"PHENVVALUE{i}X" for i in range(len(env))}, secrets="env",
         lease_timeout=op.lease_timeout, grace_s=KILL_GRACE_S, handle={"PHHANDLEX": 1},
         secret_names=[f"PHSECRET{i}X" for i in range(len(secret_names))])
-    script = remote_script(sent[0].command)
-    skeleton = remote_script(skeleton)
-    handle_word = _handle_word(script, skeleton)
-    values[json.dumps({"PHHANDLEX": 1})] = handle_word
-    same_shape(script, skeleton, values)
+    got, want = remote_words(sent[0].command), remote_words(skeleton)
+    handle = json.dumps({"PHHANDLEX": 1})
+    at = want.index(handle)
+    assert at < len(got), "the shell text is shorter than the skeleton"
+    handle_word = values[handle] = got[at]
+    same_shape(got, want, values, not_options=("PHSTATEX",))
     record = json.loads(handle_word)
     assert record["extra"]["launch_host"] == launch_host
     stdin = json.loads(sent[0].stdin)
     assert set(stdin[ENV_KEY]) == set(secret_names)
-
-
-def _handle_word(script: str, skeleton: str) -> str:
-    """The word where the skeleton writes its handle.json: JSON of an object."""
-    index = shell_words(skeleton).index(json.dumps({"PHHANDLEX": 1}))
-    words = shell_words(script)
-    assert index < len(words), "the shell text is shorter than the skeleton"
-    assert isinstance(json.loads(words[index]), dict)
-    return words[index]
 
 
 def check_poprun_splits(argv: list[str], config: PopRunConfig, ringflow_job: bool) -> None:
@@ -315,7 +329,7 @@ def fixed_ids():
 
 
 @PROPERTY_SETTINGS
-@given(values=poprun_arguments())
+@given(values=mostly_valid(VALID, HOSTILE))
 def test_poprun_operator_arguments_are_refused_by_name_or_add_nothing(fixed_ids, values):
     given_values = dict(values)
     try:
@@ -345,7 +359,8 @@ def test_poprun_operator_arguments_are_refused_by_name_or_add_nothing(fixed_ids,
 
 
 def _check_operator_refusal(message: str, values: dict) -> None:
-    names = [n for n in (*FIELD_NAMES, "launch_host", "ringflow_job", "deferrable",
+    names = [n for n in (*FIELD_NAMES, "launch_host", "remote_state_dir", "ringflow_job",
+                         "deferrable",
                          "poll_interval", "lease_timeout", "on_existing") if n in message]
     assert names, f"no argument named in {message!r}"
     config_values = {n: values[n] for n in FIELD_NAMES if n in values}

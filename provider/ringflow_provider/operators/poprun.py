@@ -197,6 +197,12 @@ class PopRunOperator(RingflowJobOperator):
         self.cmd_timeout = cmd_timeout
         self.skip_on_exit_code = self._exit_codes(skip_on_exit_code)
         self.remote_state_dir = remote_state_dir
+        if remote_state_dir:
+            try:
+                commands.check_state_dir(remote_state_dir)
+            except ValueError as exc:
+                raise RingflowConfigException(f"task {self.task_id!r}: remote_state_dir: "
+                                              f"{exc}") from None
         self._sweep: tuple[str, str, list[str]] | None = None  # (python, job id, hosts)
         self._validate_literals()
 
@@ -222,7 +228,10 @@ class PopRunOperator(RingflowJobOperator):
                         except ValidationError as exc:  # names no field by itself
                             raise ConfigError(config_error_message(exc, name)) from None
             if self.launch_host and not _templated(self.launch_host):
-                check_host(self.launch_host)
+                try:
+                    check_host(self.launch_host.strip())
+                except ValueError as exc:
+                    raise ValueError(f"launch_host: {exc}") from None
         except (RingflowError, ValueError) as exc:
             message = self._given_secrets().mask(str(exc))
             raise RingflowConfigException(f"task {self.task_id!r}: {message}") from None
