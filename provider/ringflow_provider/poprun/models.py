@@ -135,9 +135,16 @@ def _check_flags(flags: list[str]) -> list[str]:
     return flags
 
 
+def _check_not_separator(args: list[str], what: str) -> None:
+    """Open MPI's mpirun (under poprun) reads a `:` token as the start of another program."""
+    if ":" in args:
+        raise ValueError(f"{what}: a ':' item would make mpirun start another program")
+
+
 def _check_mpi_args(args: list[str]) -> list[str]:
     for arg in args:
         check_mpi_value(arg, "mpi_global_args item")
+    _check_not_separator(args, "mpi_global_args")
     return args
 
 
@@ -152,6 +159,7 @@ def _check_text(value: str) -> str:
 def _check_program(value: str) -> str:
     """An executable or a script: never taken for an option of the command before it."""
     _check_text(value)
+    _check_not_separator([value], repr(value))
     if value.lstrip().startswith("-"):
         raise ValueError(f"{value!r} starts with '-', so it would be read as an option; "
                          f"give a path (./{value.strip()})")
@@ -162,6 +170,7 @@ def _check_args(args: list[str]) -> list[str]:
     for arg in args:
         if _CONTROL.search(arg):  # a line break in an argument forges log lines
             raise ValueError(f"training_script_args item {arg!r} holds a control character")
+    _check_not_separator(args, "training_script_args")
     return args
 
 
