@@ -21,8 +21,8 @@ from ringflow.launch.lines import MAX_LINE_BYTES, BoundedLines
 from ringflow.launch.secret_drop import SECRETS_DIR_VAR
 
 __all__ = ["EXIT_LINE", "INSTANCE_SH", "RANK_EXIT_LINE", "AppContext", "MpirunPlan",
-           "OutputJoiner", "base_argv", "check_no_separator", "context_argv", "exported_names", "exported_values",
-           "mpirun_argv", "one_per_host_argv"]
+           "OutputJoiner", "base_argv", "check_no_separator", "context_argv", "exported_names",
+           "exported_values", "mpirun_argv", "one_per_host_argv"]
 
 # Exported from the job's own environment to every process, as poprun does, when set; the
 # job's id too (a bare `-x NAME`: mpirun exports its own value). The job's token and the

@@ -5,6 +5,7 @@ and its SSH connections, the launcher's name, the hosts' interpreter, the ports;
 from __future__ import annotations
 
 import re
+import string
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -75,6 +76,30 @@ def connections(value: Any, hosts: list[str]) -> dict[str, str]:
         return {h: str(value[h]).strip() for h in hosts}
     raise ValueError(f"ssh_conn_id must be a connection id or a mapping host -> id, got "
                      f"{value!r}")
+
+
+def folder(name: str, template: Any, ids: Mapping[str, Any]) -> str:
+    """A folder argument with its `{field}`s from `ids` filled in (`{dag_id}`, `{run_id}`,
+    ...); ValueError naming the argument for any other field, a format spec or an
+    attribute (str.format would read them), and for a folder an agent would read as an
+    option or that holds a control character."""
+    if not isinstance(template, str):
+        raise ValueError(f"{name} must be a folder path, got {template!r}")
+    try:
+        fields = [(f, spec, conv) for _, f, spec, conv in string.Formatter().parse(template)
+                  if f is not None]
+    except ValueError as exc:
+        raise ValueError(f"{name} {template!r}: {exc} (write a brace as {{{{ or }}}})") \
+            from None
+    for field, spec, conversion in fields:
+        if field not in ids or spec or conversion:
+            raise ValueError(f"{name} {template!r}: only the plain fields "
+                             f"{', '.join('{' + k + '}' for k in ids)} are filled in")
+    path = template.format(**ids)
+    if path.startswith("-") or re.search(r"[\x00-\x1f\x7f]", path) or path == ":":
+        raise ValueError(f"{name} {path!r}: a folder may not start with '-', be ':' or hold "
+                         f"a control character (the agents read it on their command line)")
+    return path
 
 
 def launcher_name(value: Any) -> str:
