@@ -70,6 +70,21 @@ class _Recording:
     def make_shell(self, host: str) -> _RecordingShell:
         return _RecordingShell(host, self)
 
+    def on_every_host(self, work, what, hosts=None):
+        """One host after the other: recording needs no thread pool (it was most of an
+        example's time); a LaunchError is gathered as the real one gathers it."""
+        from ringflow.errors import LaunchError, gathered
+
+        results, problems = {}, []
+        for host in dict.fromkeys(self.hosts if hosts is None else hosts):
+            try:
+                results[host] = work(host)
+            except LaunchError as exc:
+                problems.append(exc)
+        if problems:
+            raise gathered(what, problems)
+        return results
+
     def prepare(self, *, numpy: bool = True, hosts=None) -> None:
         if isinstance(self, LocalLauncher):
             return super().prepare(numpy=numpy, hosts=hosts)

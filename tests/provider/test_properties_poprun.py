@@ -12,6 +12,7 @@ commands are the operator's own, from `execute`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import types
 import uuid
@@ -313,9 +314,10 @@ def _contexts(mpirun: list[str], program_len: int, count: int):
     return contexts
 
 
-@pytest.fixture(scope="module")
-def fixed_ids():
-    """The job's id and token as known values, so the expected argv is exact."""
+@contextlib.contextmanager
+def known_ids():
+    """The job's id and token as known values, so the expected argv is exact; the hosts
+    recording; an ssh_default connection (its password is looked up, never used)."""
     mp = pytest.MonkeyPatch()
     mp.setattr(poprun_module, "uuid", types.SimpleNamespace(
         uuid4=lambda: uuid.UUID(JOB_ID + "0" * 20)))
@@ -324,8 +326,16 @@ def fixed_ids():
                lambda hosts, **kw: recording_launcher("ssh", hosts, **kw))
     mp.setenv("AIRFLOW_CONN_SSH_DEFAULT", json.dumps({"conn_type": "ssh", "host": "h",
                                                       "login": "u"}))
-    yield
-    mp.undo()
+    try:
+        yield
+    finally:
+        mp.undo()
+
+
+@pytest.fixture(scope="module")
+def fixed_ids():
+    with known_ids():
+        yield
 
 
 @PROPERTY_SETTINGS
@@ -337,22 +347,32 @@ def test_poprun_operator_arguments_are_refused_by_name_or_add_nothing(fixed_ids,
     except RingflowConfigException as exc:
         _check_operator_refusal(str(exc), given_values)
         return
+    check_operator(op, given_values)
+
+
+def check_operator(op: PopRunOperator, given_values: dict) -> None:
+    """Run `execute` up to the start of the job: refused naming the argument, or the
+    commands sent add nothing (`given_values`: the arguments as the operator got them)."""
     context = {"ti": TaskInstanceStub("d", "p", run_id="r")}
+    sent = None
     try:
-        op.execute(context)
+        summary = op.execute(context)
     except RingflowConfigException as exc:  # a value checked when the task runs
         _check_operator_refusal(str(exc), given_values)
         return
     except Composed as composed:
         sent = composed.sent
     else:
-        raise AssertionError("execute neither refused nor started the job")
+        assert op.dry_run is True and summary["dry_run"] is True, summary
     config = parse_config({n: given_values[n] for n in FIELD_NAMES if n in given_values})
     check_values_land_unchanged(config, given_values)
     ringflow_job = op._flag("ringflow_job", op.ringflow_job)
     argv = seed_argv(config, ringflow_job)
     launch_host = (op.launch_host or "").strip() or config.hosts[0]
-    check_start_command(sent, op, config, argv, launch_host)
+    if sent is None:  # dry_run: the argv it shows is the one it would send
+        assert len(summary["argv"]) == len(argv)
+    else:
+        check_start_command(sent, op, config, argv, launch_host)
     check_poprun_splits(argv, config, ringflow_job)
     if config.poprun == CPU_POPRUN:
         check_cpu_poprun(argv, config, ringflow_job)

@@ -12,6 +12,7 @@ The hosts only record what they are sent (tests/provider/composed.py says why).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import types
@@ -133,10 +134,10 @@ HOSTILE = {
 }
 
 
-@pytest.fixture(scope="module")
-def fixed_ids(tmp_path_factory):
+@contextlib.contextmanager
+def known_ids(home):
     """The job's id, token and ports as known values, so the expected commands are exact;
-    RINGFLOW_HOME a folder of its own."""
+    the hosts recording; RINGFLOW_HOME `home`."""
     mp = pytest.MonkeyPatch()
     mp.setattr(tp_module, "uuid", types.SimpleNamespace(
         uuid4=lambda: uuid.UUID(JOB_ID + "0" * 20)))
@@ -144,9 +145,17 @@ def fixed_ids(tmp_path_factory):
     mp.setattr(tp_module, "get_launcher", recording_launcher)
     mp.setattr(ssh_module, "random", types.SimpleNamespace(
         Random=lambda: types.SimpleNamespace(randrange=lambda a, b: PORT)))
-    mp.setenv("RINGFLOW_HOME", str(tmp_path_factory.mktemp("ringflow-home")))
-    yield
-    mp.undo()
+    mp.setenv("RINGFLOW_HOME", str(home))
+    try:
+        yield
+    finally:
+        mp.undo()
+
+
+@pytest.fixture(scope="module")
+def fixed_ids(tmp_path_factory):
+    with known_ids(tmp_path_factory.mktemp("ringflow-home")):
+        yield
 
 
 def check_refusal(exc: RingflowConfigException, values: dict) -> None:
@@ -239,6 +248,12 @@ def test_tp_train_operator_arguments_are_refused_by_name_or_add_nothing(fixed_id
     except RingflowConfigException as exc:
         check_refusal(exc, values)
         return
+    check_operator(op, values)
+
+
+def check_operator(op: TPTrainOperator, values: dict) -> None:
+    """Validate as `execute` does, then run it up to the start of the job: refused naming
+    the argument, or the commands sent and the spec file add nothing."""
     context = {"ti": TaskInstanceStub("d", "t", run_id="r")}
     try:
         plan = op._plan(context)
