@@ -19,7 +19,7 @@ import types
 import uuid
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from ringflow.errors import ConfigError
@@ -240,8 +240,22 @@ def check_start(sent, plan: dict, op: TPTrainOperator, launcher: str) -> None:
         assert set(json.loads(part.stdin)[ENV_KEY]) == set(secrets)
 
 
+BASE = {"model": "mlp", "global_batch_size": 8, "nproc_per_host": 1}
+
+
 @PROPERTY_SETTINGS
 @given(values=mostly_valid(VALID, HOSTILE))
+# what the property found: a KeyError or IndexError of log_dir's str.format shown as a
+# config error, a ValueError (NUL) and an OSError (a name too long) from inside execute
+@example(values={**BASE, "log_dir": "{0}"})
+@example(values={**BASE, "log_dir": "{home.__class__}", "hosts": ["h1"]})
+@example(values={**BASE, "log_dir": "{try_number:>999999999}"})
+@example(values={**BASE, "log_dir": "-x", "hosts": ["h1"], "launcher": "mpirun"})
+@example(values={**BASE, "checkpoint_dir": "\0"})
+@example(values={**BASE, "checkpoint_dir": "a" * 300})
+@example(values={**BASE, "deferrable": "maybe"})
+@example(values={**BASE, "extra_env": {"A0": "\0"}})
+@example(values={**BASE, "extra_env": {"DB_PASSWORDé": "1"}})
 def test_tp_train_operator_arguments_are_refused_by_name_or_add_nothing(fixed_ids, values):
     try:
         op = TPTrainOperator(task_id="t", **values)

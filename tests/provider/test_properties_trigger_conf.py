@@ -83,13 +83,17 @@ def render(dag_id: str, conf: dict):
     """(the task's working copy with its fields rendered, the rendered values), or None
     when Airflow's param validation refuses the conf (checked to name the param)."""
     dag, task, work, env = example(dag_id)
-    try:  # what triggering a run does with its conf (the serialized DAG's deep_merge)
-        merged = copy.deepcopy(dag.params)
-        merged.update(conf)
-        params = merged.validate()
-    except ParamValidationError as exc:
-        assert any(f"param {name}" in str(exc) for name in conf), str(exc)
-        return None
+    # what triggering a run does with its conf (the serialized DAG's deep_merge, then
+    # validate), param by param: the defaults are valid (render_defaults)
+    params = dict(render_defaults(dag_id)["params"])
+    for name, value in conf.items():
+        if name not in dag.params:
+            params[name] = value
+            continue
+        try:
+            params[name] = copy.deepcopy(dag.params.get_param(name)).resolve(value=value)
+        except ParamValidationError:  # Airflow refuses the run ("Invalid input for param")
+            return None
     context = {"params": params}
     rendered = {name: task.render_template(getattr(task, name), context, env)
                 for name in task.template_fields}
@@ -117,10 +121,11 @@ def check_templates_keep_their_keys(dag_id: str, rendered: dict) -> None:
 
 @functools.cache
 def render_defaults(dag_id: str) -> dict:
+    """The fields rendered with the params' defaults (and those params, as "params")."""
     dag, task, _, env = example(dag_id)
     context = {"params": dag.params.validate()}
-    return {name: task.render_template(getattr(task, name), context, env)
-            for name in task.template_fields}
+    return {**{name: task.render_template(getattr(task, name), context, env)
+               for name in task.template_fields}, "params": context["params"]}
 
 
 @pytest.fixture(scope="module")

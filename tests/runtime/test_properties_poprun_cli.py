@@ -11,7 +11,7 @@ from __future__ import annotations
 import shlex
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from ringflow.errors import ConfigError
@@ -85,6 +85,7 @@ def _contexts(mpirun: list[str], program: list[str]) -> list[list[str]]:
 
 @PROPERTY_SETTINGS
 @given(argv=command_lines())
+@example(argv=["--mpi-local-args", "-x", "python3", "train.py"])
 def test_a_command_line_is_refused_by_name_or_runs_only_its_program(argv):
     try:
         args = parse_poprun_args(argv)

@@ -122,6 +122,8 @@ def _mpi(flag: str, value: str) -> tuple[str, ...]:
     except ValueError as exc:
         raise ConfigError(f"{flag}: cannot split {value!r} into mpirun options ({exc})") from None
     check_no_separator(options, flag)
+    if options[-1:] == ("-x",):  # it would take the option mpirun gets after it
+        raise ConfigError(f"{flag}={value!r} ends with -x and no variable")
     return options
 
 

@@ -17,6 +17,8 @@ from ringflow_provider.launchers.job import ON_EXISTING
 from ringflow_provider.rendered import json_text
 
 LAUNCHERS = ("ssh", "mpirun")
+#: a variable name as a POSIX shell takes it (`export NAME=...`, `unset NAME`)
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 #: the hosts' python as `interpreter` takes it (searched, as JSON schema does): a command or
 #: a path, never empty, an option (a leading '-') or a control character
 PYTHON_PATTERN = r"^\s*[^\s\x00-\x1f-](?:[^\x00-\x1f]*[^\s\x00-\x1f])?\s*$"
@@ -39,10 +41,15 @@ def env_dict(value: Any, name: str) -> dict[str, str]:
     if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
         raise ValueError(f"{name} must be a mapping of variable names to values")
     for key in value:
-        if not key.isidentifier() or key.startswith(("PADDLE_", "RINGFLOW_")):
+        if not _ENV_NAME.match(key) or key.startswith(("PADDLE_", "RINGFLOW_")):
             raise ValueError(f"{name}: {key!r} is not a variable a job may set (names are "
-                             f"identifiers; PADDLE_* and RINGFLOW_* belong to the launcher)")
-    return {k: str(v) for k, v in value.items()}
+                             f"[A-Za-z_][A-Za-z0-9_]*; PADDLE_* and RINGFLOW_* belong to the "
+                             f"launcher)")
+    values = {k: str(v) for k, v in value.items()}
+    for key, text in values.items():  # a NUL cannot be in an environment (nor a command)
+        if "\0" in text:
+            raise ValueError(f"{name}: the value of {key} holds a NUL")
+    return values
 
 
 def host_list(value: Any) -> list[str]:
