@@ -17,7 +17,8 @@ import re
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 
-#: 10,000 generated inputs per entry point, the same ones on every run (CI is reproducible)
+#: 10,000 generated inputs per entry point (PROPS_N=<n> for fewer while working on a
+#: test), the same ones on every run (CI is reproducible)
 #: and no .hypothesis folder; the suite's autouse fixtures (fresh default programs) do not
 #: touch what these tests check, so their function scope is harmless here
 PROPERTY_SETTINGS = settings(max_examples=int(os.environ.get("PROPS_N", 10_000)),
