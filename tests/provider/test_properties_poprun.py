@@ -283,7 +283,7 @@ def check_cpu_poprun(argv: list[str], config: PopRunConfig, ringflow_job: bool) 
     assert args.program == program
     assert args.hosts == tuple(config.hosts)
     assert (args.num_instances, args.replicas) == (config.num_instances, config.num_replicas)
-    assert args.mpi_global_args == tuple(config.mpi_global_args or ())
+    assert args.mpi_global_args == tuple(a for a in config.mpi_global_args or () if a)
     mpirun = poprun_mpirun_argv(args, {}, as_root=False)
     contexts = _contexts(mpirun, len(program), config.num_instances)
     plain = {n.partition("=")[0] for n in local_exports(config, ringflow_job) if n != "-x"}
@@ -357,6 +357,7 @@ BASE = {"hosts": ["localhost"], "nproc_per_host": 1, "ipus_per_replica": 1, "num
                  "training_script_args": [":", "-np", "1", "sh", "-c", "id"]})
 @example(values={**BASE, "poprun": CPU_POPRUN, "mpi_global_args": [":", "sh", ":"]})
 @example(values={**BASE, "mpi_global_args": [""]})
+@example(values={**BASE, "mpi_global_args": [""], "poprun": CPU_POPRUN})
 def test_poprun_operator_arguments_are_refused_by_name_or_add_nothing(fixed_ids, values):
     given_values = dict(values)
     try:
