@@ -357,6 +357,8 @@ BASE = {"hosts": ["localhost"], "nproc_per_host": 1, "ipus_per_replica": 1, "num
                  "training_script_args": [":", "-np", "1", "sh", "-c", "id"]})
 @example(values={**BASE, "poprun": CPU_POPRUN, "mpi_global_args": [":", "sh", ":"]})
 @example(values={**BASE, "mpi_global_args": [""]})
+@example(values={**BASE, "extra_env": {"FOO\n": "1"}})
+@example(values={**BASE, "extra_env": {"FOO": "1\n"}})
 @example(values={**BASE, "mpi_global_args": [""], "poprun": CPU_POPRUN})
 def test_poprun_operator_arguments_are_refused_by_name_or_add_nothing(fixed_ids, values):
     given_values = dict(values)
