@@ -102,7 +102,7 @@ class JobSpec:
         for name, minimum in FIELD_MINIMUMS.items():
             _check_int(name, getattr(self, name), minimum, FIELD_MAXIMUMS.get(name))
         _check_model(self.model)
-        _check_str("data", self.data)
+        _check_path("data", self.data)
         if self.data != "synthetic" and not self.data.endswith(".npz"):
             raise ConfigError(f"data must be 'synthetic' or the path of an .npz file, "
                               f"got {self.data!r}")
@@ -119,7 +119,7 @@ class JobSpec:
                               f" does not combine with {'amp' if self.amp else 'sharding'}")
         object.__setattr__(self, "recompute", _check_recompute(self.recompute))
         if self.checkpoint_dir is not None:
-            _check_str("checkpoint_dir", self.checkpoint_dir)
+            _check_path("checkpoint_dir", self.checkpoint_dir)
         if self.grad_clip is not None:
             clip = optim.check_number("grad_clip", self.grad_clip)
             if clip <= 0:
@@ -223,6 +223,13 @@ def _check_int(name: str, value: Any, minimum: int, maximum: int | None = None) 
 def _check_str(name: str, value: Any) -> None:
     if not isinstance(value, str) or not value.strip():
         raise ConfigError(f"{name} must be a non-empty string, got {value!r}")
+
+
+def _check_path(name: str, value: Any) -> None:
+    """A non-empty string the OS can take as a path (no NUL)."""
+    _check_str(name, value)
+    if "\0" in value:
+        raise ConfigError(f"{name} must be a path, got {value!r} (it holds a NUL)")
 
 
 def _check_model(model: Any) -> None:

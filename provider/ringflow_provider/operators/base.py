@@ -76,7 +76,10 @@ class RingflowJobOperator(BaseOperator):
         self.lease_timeout = lease_timeout
         self.on_existing = on_existing
         if not any(_templated(getattr(self, name)) for name in self.job_fields):
-            self._job_options()  # a bad literal fails when the DAG is parsed
+            try:
+                self._job_options()  # a bad literal fails when the DAG is parsed
+            except ValueError as exc:
+                raise RingflowConfigException(f"task {self.task_id!r}: {exc}") from None
         # Plain attributes, not threading objects: Airflow deep-copies operators.
         self._killed = False
         self._handle: JobHandle | None = None

@@ -48,6 +48,7 @@ from ringflow_provider.tp_train.args import (
     base_port,
     connections,
     env_dict,
+    folder,
     heartbeat_timeout,
     host_list,
     interpreter,
@@ -292,12 +293,12 @@ class TPTrainOperator(RingflowJobOperator):
                     "heartbeat": heartbeat_timeout(self.heartbeat_timeout)}
             if hosts:
                 plan.update(conns=connections(self.ssh_conn_id, hosts),
-                            log_dir=(self.log_dir or REMOTE_LOG_DIR).format(**ids),
+                            log_dir=folder("log_dir", self.log_dir or REMOTE_LOG_DIR, ids),
                             python=interpreter(self.python), launcher=launcher_name(
                                 self.launcher), base_port=base_port(self.base_port, nproc))
             else:
-                plan["log_dir"] = os.path.expanduser((self.log_dir or DEFAULT_LOG_DIR)
-                                                     .format(**ids))
+                plan["log_dir"] = os.path.expanduser(
+                    folder("log_dir", self.log_dir or DEFAULT_LOG_DIR, ids))
         except Exception as exc:  # validation messages quote values: mask them
             raise RingflowConfigException(
                 self._secrets.mask(f"task {self.task_id!r}: {exc}")) from None
@@ -386,7 +387,12 @@ class TPTrainOperator(RingflowJobOperator):
         if hosts:
             self.log.info("checkpoints in %s on each host", spec.checkpoint_dir)
             return
-        latest = latest_checkpoint(spec.checkpoint_dir) if spec.resume else None
+        try:
+            latest = latest_checkpoint(spec.checkpoint_dir) if spec.resume else None
+        except OSError as exc:  # the ranks report what they cannot read or make there
+            self.log.info("try %d: cannot look for checkpoints in %s: %s", task.try_number,
+                          spec.checkpoint_dir, exc.strerror)
+            return
         if latest is None:
             self.log.info("try %d: no complete checkpoint in %s: training starts at step 1",
                           task.try_number, spec.checkpoint_dir)
