@@ -50,6 +50,12 @@ class _RecordingShell:
             self.owner.sent.append(Sent(self.host, command, stdin))
             info = {"pid": 2, "pgid": 2, "supervisor_pid": 1}
             return 0, STARTED_PREFIX + json.dumps(info) + "\n", ""
+        if " ringflow.launch.ports range" in command:  # Linux's default ephemeral range
+            return 0, "32768 60999\n", ""
+        if " ringflow.launch.ports check " in command:
+            return 0, "free\n", ""
+        if "/proc/meminfo" in command:  # a host with room for any job the examples make
+            return 0, "MemTotal: 268435456 kB\nMemAvailable: 268435456 kB\n", ""
         return 0, "nothing to stop\n", ""  # earlier tries, ports, mpirun: all fine
 
     def stream(self, command, on_line, should_stop=lambda: False) -> int:
@@ -85,9 +91,9 @@ class _Recording:
             raise gathered(what, problems)
         return results
 
-    def prepare(self, *, numpy: bool = True, hosts=None) -> None:
+    def prepare_hosts(self, *, numpy: bool = True, hosts=None) -> None:
         if isinstance(self, LocalLauncher):
-            return super().prepare(numpy=numpy, hosts=hosts)
+            return super().prepare_hosts(numpy=numpy, hosts=hosts)
         for host in dict.fromkeys(self.hosts if hosts is None else hosts):
             self.runtimes[host] = Runtime(self.python, SHIPPED)
             self.homes[host] = HOME

@@ -236,13 +236,18 @@ def check_start_command(sent, op: PopRunOperator, config: PopRunConfig, argv: li
     env.update({"RINGFLOW_JOB_ID": JOB_ID, "RINGFLOW_TASK": task.key, "PYTHONPATH": SHIPPED})
     secret_names = [*config.hidden_env(), *(["RINGFLOW_JOB_TOKEN"] if "RINGFLOW_JOB_TOKEN"
                                              in sent[0].stdin else [])]
-    values = {"PHPYTHONX": config.python, "PHSTATEX": state}
+    # the state folder's parts each a placeholder: the command `own`s each part in turn
+    state_parts = state.split("/")
+    placed_state = "/".join(f"PHSTATE{i}X" if part else ""
+                            for i, part in enumerate(state_parts))
+    values = {"PHPYTHONX": config.python}
+    values.update({f"PHSTATE{i}X": part for i, part in enumerate(state_parts) if part})
     values.update({f"PHARGV{i}X": token for i, token in enumerate(argv)})
     values.update({f"PHENVNAME{i}X": name for i, name in enumerate(env)})
     values.update({f"PHENVVALUE{i}X": str(value) for i, value in enumerate(env.values())})
     values.update({f"PHSECRET{i}X": name for i, name in enumerate(secret_names)})
     skeleton = commands.start_command(
-        Runtime("PHPYTHONX", SHIPPED), f"PHSTATEX/{task.key}/try-1",
+        Runtime("PHPYTHONX", SHIPPED), f"{placed_state}/{task.key}/try-1",
         [f"PHARGV{i}X" for i in range(len(argv))],
         env={f"PHENVNAME{i}X": f"PHENVVALUE{i}X" for i in range(len(env))}, secrets="env",
         lease_timeout=op.lease_timeout, grace_s=KILL_GRACE_S, handle={"PHHANDLEX": 1},
@@ -252,7 +257,7 @@ def check_start_command(sent, op: PopRunOperator, config: PopRunConfig, argv: li
     at = want.index(handle)
     assert at < len(got), "the shell text is shorter than the skeleton"
     handle_word = values[handle] = got[at]
-    same_shape(got, want, values, not_options=("PHSTATEX",))
+    same_shape(got, want, values, not_options=("PHSTATE0X",))
     record = json.loads(handle_word)
     assert record["extra"]["launch_host"] == launch_host
     stdin = json.loads(sent[0].stdin)

@@ -27,7 +27,7 @@ from ringflow.launch.config import build_parser
 from ringflow.launch.mpirun import parse as parse_mpirun_agents
 from ringflow.launch.supervisor import ENV_KEY
 from ringflow.train.spec import JobSpec
-from ringflow_provider.exceptions import RingflowConfigException
+from ringflow_provider.exceptions import RingflowConfigException, RingflowLaunchException
 from ringflow_provider.jobs.masking import split_env
 from ringflow_provider.launchers import commands
 from ringflow_provider.launchers import ssh as ssh_module
@@ -144,8 +144,11 @@ def known_ids(home):
     mp.setattr(tp_module, "token_source", types.SimpleNamespace(token_hex=lambda n: TOKEN))
     mp.setattr(tp_module, "get_launcher", recording_launcher)
     mp.setattr(ssh_module, "random", types.SimpleNamespace(
-        Random=lambda: types.SimpleNamespace(randrange=lambda a, b: PORT)))
+        Random=lambda: types.SimpleNamespace(randint=lambda a, b: PORT)))
     mp.setenv("RINGFLOW_HOME", str(home))
+    for conn_id in ("SSH_DEFAULT", "OTHER"):  # read for their allowed_hosts, never used
+        mp.setenv(f"AIRFLOW_CONN_{conn_id}", json.dumps({"conn_type": "ssh", "host": "h",
+                                                         "login": "u"}))
     try:
         yield
     finally:
@@ -182,7 +185,8 @@ def expected_agents(plan: dict, launcher: str, log_dir: str) -> list[tuple[str, 
                         "--hosts", joined, "--host-index", str(i), "--base-port", port,
                         "--log-dir", log_dir, *train]) for i, host in enumerate(hosts)]
     plain, _ = split_env(plan["extra"])
-    exports = ",".join(dict.fromkeys(["PYTHONPATH", TASK_VAR, *plain, "PYTHONUNBUFFERED"]))
+    exports = ",".join(dict.fromkeys(["PYTHONPATH", TASK_VAR, *plain, "PYTHONUNBUFFERED",
+                                      "RINGFLOW_HEARTBEAT_TIMEOUT"]))
     agent = [python, "-m", "ringflow.launch", "--nproc-per-host", nproc, "--hosts", joined,
              "--host-index-env", "OMPI_COMM_WORLD_RANK", "--base-port", port, "--log-dir",
              log_dir, *train]
@@ -194,7 +198,8 @@ def check_agent_reads_back(argv: list[str], plan: dict, log_dir: str, launcher: 
     """The agent's own parser (ringflow.launch) reads the values given, nothing else."""
     if launcher == "mpirun":
         ns = parse_mpirun_agents(argv[3:])
-        assert ns.export.split(",")[2:] == [*split_env(plan["extra"])[0], "PYTHONUNBUFFERED"]
+        assert ns.export.split(",")[2:] == [*split_env(plan["extra"])[0], "PYTHONUNBUFFERED",
+                                            "RINGFLOW_HEARTBEAT_TIMEOUT"]
         argv = ns.agent
     ns = build_parser().parse_args(argv[3:])
     assert (ns.log_dir, ns.nproc_per_host, ns.module, ns.target, ns.args) == (
@@ -209,7 +214,9 @@ def check_start(sent, plan: dict, op: TPTrainOperator, launcher: str) -> None:
     assert len(sent) == len(parts)
     task = TaskKey("d", "t", "r", 1)
     plain, hidden = split_env(plan["extra"])
-    env = {**plain, "PYTHONUNBUFFERED": "1", "RINGFLOW_JOB_ID": JOB_ID, TASK_VAR: task.key}
+    env = {**plain, "PYTHONUNBUFFERED": "1",
+           "RINGFLOW_HEARTBEAT_TIMEOUT": f"{plan['heartbeat']:g}",
+           "RINGFLOW_JOB_ID": JOB_ID, TASK_VAR: task.key}
     if launcher != "local":
         env["PYTHONPATH"] = SHIPPED
     secrets = ["RINGFLOW_JOB_TOKEN", *hidden, *plan["secret"]]
@@ -278,6 +285,11 @@ def check_operator(op: TPTrainOperator, values: dict) -> None:
         op.execute(context)
     except RingflowConfigException as exc:  # the watch arguments, checked as the job starts
         check_refusal(exc, values)
+        return
+    except RingflowLaunchException as exc:  # a connection id that names no connection
+        unknown = set((plan["conns"] or {}).values()) - {"ssh_default", "other"}
+        assert any(str(exc).startswith(f"ssh connection {conn_id!r} cannot be read: "
+                                       "AirflowNotFoundException") for conn_id in unknown), exc
         return
     except Composed as composed:
         sent, files = composed.sent, composed.files

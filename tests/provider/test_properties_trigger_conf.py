@@ -79,6 +79,22 @@ def conf_strategy(dag_id: str) -> st.SearchStrategy:
     return confs()
 
 
+class _UnsetVariables:
+    """The context's ``var.value`` / ``var.json`` of a deployment where the DAG's Variables
+    are unset: ``get(name, default)`` gives the template's default. (Airflow's own accessor
+    asks the API server, which a property example has none of; the Variables' values are
+    the DAG author's choice, the params are what a trigger sends.)"""
+
+    def get(self, name: str, default=None):
+        return default
+
+    def __getattr__(self, name: str):
+        raise KeyError(f"Variable {name} does not exist")
+
+
+VARIABLES = {"value": _UnsetVariables(), "json": _UnsetVariables()}
+
+
 def render(dag_id: str, conf: dict):
     """(the task's working copy with its fields rendered, the rendered values), or None
     when Airflow's param validation refuses the conf (checked to name the param)."""
@@ -94,7 +110,7 @@ def render(dag_id: str, conf: dict):
             params[name] = copy.deepcopy(dag.params.get_param(name)).resolve(value=value)
         except ParamValidationError:  # Airflow refuses the run ("Invalid input for param")
             return None
-    context = {"params": params}
+    context = {"params": params, "var": VARIABLES}
     rendered = {name: task.render_template(getattr(task, name), context, env)
                 for name in task.template_fields}
     for name, value in rendered.items():
@@ -123,7 +139,7 @@ def check_templates_keep_their_keys(dag_id: str, rendered: dict) -> None:
 def render_defaults(dag_id: str) -> dict:
     """The fields rendered with the params' defaults (and those params, as "params")."""
     dag, task, _, env = example(dag_id)
-    context = {"params": dag.params.validate()}
+    context = {"params": dag.params.validate(), "var": VARIABLES}
     return {**{name: task.render_template(getattr(task, name), context, env)
                for name in task.template_fields}, "params": context["params"]}
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+from ringflow.launch.lines import Line
 from ringflow_provider.launchers.lines import log_fields, read_line
 from ringflow_provider.plugins import records
 
@@ -15,16 +16,26 @@ METRIC = ('[rank 0] [train] metric {"step": 40, "loss": 0.4132, "lr": 0.001, '
           '"samples_per_s": 1850.5, "elapsed_s": 3.2}')
 
 
+def whole(text: str) -> Line:
+    """`text` as a whole line of its stream (only a whole line can be a machine line)."""
+    return Line(text, whole=True)
+
+
 def test_a_metric_lines_record_carries_step_loss_lr_and_samples_per_s():
-    assert log_fields(read_line("stdout", METRIC, None)) == {
+    assert log_fields(read_line("stdout", whole(METRIC), None)) == {
         "step": 40, "loss": 0.4132, "lr": 0.001, "samples_per_s": 1850.5}
+    # the same text as a piece that is no whole line is shown, never read
+    assert log_fields(read_line("stdout", Line(METRIC), None)) == {}
 
 
 def test_other_lines_and_other_ranks_metric_lines_carry_no_fields():
-    assert log_fields(read_line("stdout", "[rank 0] [train] building the model", None)) == {}
-    assert log_fields(read_line("stdout", METRIC.replace("rank 0", "rank 1"), None)) == {}
-    assert log_fields(read_line("stdout", '[rank 0] [train] metric {"step": 1, "loss": true}',
-                                None)) == {"step": 1}
+    assert log_fields(read_line("stdout", whole("[rank 0] [train] building the model"),
+                                None)) == {}
+    assert log_fields(read_line("stdout", whole(METRIC.replace("rank 0", "rank 1")),
+                                None)) == {}
+    assert log_fields(read_line(
+        "stdout", whole('[rank 0] [train] metric {"step": 1, "loss": true}'),
+        None)) == {"step": 1}
 
 
 def test_progress_points_come_from_the_records_fields_by_step_once_each():

@@ -41,6 +41,7 @@ VALID = {
     "checkpoint_every": st.integers(1, 3), "resume": st.booleans(), "amp": st.booleans(),
     "recompute": st.sampled_from([False, True, ["h_0"]]),
     "sharding_stage": st.integers(0, 2),
+    "gradient_accumulation_steps": st.integers(1, 2),
 }
 _KEYS = text_or("type", "learning_rate", "beta1", "momentum", "hidden_size", "step_size",
                 "warmup_steps", "eta_min", "gamma", "dropout")
