@@ -6,7 +6,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint sysdeps venv clean bench bench-train bench-allreduce bench-hosts \
+.PHONY: demo test docs lint sysdeps venv clean bench bench-train bench-allreduce bench-hosts \
 	bench-sysdeps bench-deferral
 
 $(STAMP): pyproject.toml setup.cfg
@@ -72,8 +72,14 @@ demo: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check provider tests benchmarks dags scripts examples
 
+# The docs site (mkdocs.yml, docs/) into build/site; --strict: a broken link, a page missing
+# from the nav or an argument without docs is an error. Also built by tests/test_docs.py.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+
 test: sysdeps $(STAMP)
 	$(VENV)/bin/ruff check provider tests benchmarks dags scripts examples
+	$(MAKE) docs
 	$(PY) -m pytest
 
 # Benchmarks (not tests). The training step compares against PyTorch, which is installed
