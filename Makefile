@@ -75,7 +75,7 @@ lint: $(STAMP)
 # The docs site (mkdocs.yml, docs/) into build/site; --strict: a broken link, a page missing
 # from the nav or an argument without docs is an error. Also built by tests/test_docs.py.
 docs: $(STAMP)
-	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 test: sysdeps $(STAMP)
 	$(VENV)/bin/ruff check provider tests benchmarks dags scripts examples

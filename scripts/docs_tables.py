@@ -46,10 +46,11 @@ def param_docs(cls: type) -> dict[str, str]:
 
 
 def init_arguments(cls: type) -> list[inspect.Parameter]:
-    """The keyword arguments of the operator's `__init__` and of its ringflow bases'."""
+    """The keyword arguments of the operator's `__init__` and of its bases' up to Airflow's
+    (`BaseOperator`'s own arguments are Airflow's to document)."""
     seen: dict[str, inspect.Parameter] = {}
     for klass in cls.__mro__:
-        if not klass.__module__.startswith("ringflow_provider") or "__init__" not in vars(klass):
+        if klass.__module__.startswith(("airflow", "builtins")) or "__init__" not in vars(klass):
             continue
         for p in inspect.signature(klass.__init__).parameters.values():
             if p.name != "self" and p.kind is not p.VAR_KEYWORD:

@@ -37,7 +37,7 @@ def snippets(kind: str) -> list[tuple[str, str]]:
 
 
 def test_the_site_builds_with_warnings_as_errors(tmp_path):
-    done = subprocess.run([str(BIN / "mkdocs"), "build", "--strict", "--quiet",
+    done = subprocess.run([str(BIN / "mkdocs"), "build", "--strict",
                            "--site-dir", str(tmp_path / "site")], cwd=REPO,
                           capture_output=True, text=True, env={"NO_MKDOCS_2_WARNING": "1",
                                                                "PATH": str(BIN)})
@@ -52,8 +52,8 @@ def test_the_site_builds_with_warnings_as_errors(tmp_path):
 def test_every_init_argument_has_a_row_saying_whether_it_is_templated(name):
     tables = _tables()
     cls = tables._operator(name)
-    rows = {line.split("|")[1].strip(" `"): line.split("|")[4].strip()
-            for line in tables.operator_table(name).splitlines()[2:]}
+    cells = [re.split(r"(?<!\\)\|", line) for line in tables.operator_table(name).splitlines()[2:]]
+    rows = {cell[1].strip(" `"): cell[4].strip() for cell in cells}
     arguments = {p.name for klass in cls.__mro__ if "__init__" in vars(klass)
                  and klass.__module__.startswith("ringflow_provider")
                  for p in inspect.signature(klass.__init__).parameters.values()} - {
@@ -101,7 +101,7 @@ def test_the_dag_snippets_import_with_a_dagbag(tmp_path):
     assert {where for where, _ in found} >= {"README.md", "docs/getting-started.md"}
     for i, (where, code) in enumerate(found):
         (tmp_path / f"snippet_{i}.py").write_text(f"# {where}\n{code}\n")
-    bag = DagBag(dag_folder=str(tmp_path), include_examples=False)
+    bag = DagBag(dag_folder=str(tmp_path))
     assert bag.import_errors == {}
     assert {"my_first_training", "train_transformer"} <= set(bag.dags)
     assert [t.task_type for t in bag.dags["train_transformer"].tasks] == ["TPTrainOperator"]
