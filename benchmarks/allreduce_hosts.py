@@ -127,7 +127,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--sizes", default=",".join(map(str, SIZES)))
     ap.add_argument("--report", type=Path, help="only summarize this .jsonl file")
-    ap.add_argument("--readme", action="store_true", help="write the tables into docs/benchmarks/index.md")
+    ap.add_argument("--readme", action="store_true",
+                    help="write the tables into docs/benchmarks/index.md")
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     if args.report:

@@ -16,8 +16,8 @@ triggerer; SQLite), tests/airflow_services.py.
     .venv/bin/python benchmarks/deferral.py [--minutes 5] [--jobs 50] [--readme]
 
 Needs root (the namespace hosts). Writes benchmarks/deferral.jsonl; --readme writes the
-table into the docs (docs/guides/deferrable.md). Goals: deferrable <= 10 worker-slot seconds; per job <= 0.5 % of a core and
-a line delay p95 <= 2 x poll_interval.
+table into the docs (docs/guides/deferrable.md). Goals: deferrable <= 10 worker-slot seconds;
+per job <= 0.5 % of a core and a line delay p95 <= 2 x poll_interval.
 """
 
 from __future__ import annotations
