@@ -11,6 +11,7 @@ job spec's fields from `JobSpec`'s dataclass fields and `FIELD_DOCS`. An argumen
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import inspect
 import re
 from pathlib import Path
@@ -26,14 +27,14 @@ class MissingDocs(Exception):
     """An argument the code takes that no docstring describes."""
 
 
+# a page's `<!-- arguments: NAME -->` -> the operator whose table it gets
+OPERATORS = {"tp_train": "ringflow_provider.operators.tp_train:TPTrainOperator",
+             "poprun": "ringflow_provider.operators.poprun:PopRunOperator"}
+
+
 def _operator(name: str) -> type:
-    if name == "tp_train":
-        from ringflow_provider.operators.tp_train import TPTrainOperator
-        return TPTrainOperator
-    if name == "poprun":
-        from ringflow_provider.operators.poprun import PopRunOperator
-        return PopRunOperator
-    raise KeyError(name)
+    module, _, cls = OPERATORS[name].partition(":")
+    return getattr(importlib.import_module(module), cls)
 
 
 def param_docs(cls: type) -> dict[str, str]:
@@ -109,8 +110,8 @@ def job_spec_table() -> str:
     return "\n".join(rows)
 
 
-TABLES = {"tp_train": lambda: operator_table("tp_train"),
-          "poprun": lambda: operator_table("poprun"), "job_spec": job_spec_table}
+def _table(name: str) -> str:
+    return job_spec_table() if name == "job_spec" else operator_table(name)
 
 
 def _included(name: str) -> str:
@@ -123,7 +124,7 @@ def fill(markdown: str) -> str:
     """The page with each `<!-- arguments: NAME -->` followed by its table and each
     `<!-- include: FILE -->` replaced by that file of the repository's top."""
     markdown = INCLUDE.sub(lambda m: _included(m.group(1)), markdown)
-    return MARKER.sub(lambda m: f"{m.group(0)}\n\n{TABLES[m.group(1)]()}\n", markdown)
+    return MARKER.sub(lambda m: f"{m.group(0)}\n\n{_table(m.group(1))}\n", markdown)
 
 
 def on_page_markdown(markdown: str, **_: Any) -> str:  # the MkDocs hook
