@@ -60,8 +60,8 @@ def init_arguments(cls: type) -> list[inspect.Parameter]:
 
 
 def _type(annotation: Any) -> str:
-    text = annotation if isinstance(annotation, str) else inspect.formatannotation(annotation)
-    return text.replace("|", "\\|")
+    # inside a code span a table's `|` is text (an escaped one would show its backslash)
+    return annotation if isinstance(annotation, str) else inspect.formatannotation(annotation)
 
 
 def _default(p: inspect.Parameter) -> str:
@@ -74,8 +74,11 @@ def _default(p: inspect.Parameter) -> str:
 
 
 def _cell(text: str) -> str:
-    text = re.sub(r"``([^`]+)``", r"`\1`", text)
-    return text.replace("|", "\\|")
+    """A docstring's text as a table cell: reST ``code`` as Markdown `code`, and a `|` outside
+    code escaped (inside code the table leaves it alone)."""
+    parts = re.split(r"(``[^`]+``)", text)
+    return "".join(f"`{p[2:-2]}`" if p.startswith("``") else p.replace("|", "\\|")
+                   for p in parts)
 
 
 def operator_table(name: str) -> str:
