@@ -6,7 +6,8 @@ line's head). This prints the newest record of each (scenario, launcher, mode) a
 table, or with `--write FILE` replaces the table between the markers
 `<!-- fault-table -->` and `<!-- end fault-table -->` in FILE.
 
-    python scripts/fault_table.py [--results build/fault-results.jsonl] [--write README.md]
+    python scripts/fault_table.py [--results build/fault-results.jsonl] \
+        [--write docs/troubleshooting.md]
 """
 
 from __future__ import annotations
