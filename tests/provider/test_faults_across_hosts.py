@@ -11,7 +11,8 @@ The scenarios are paired rather than the full matrix (launcher x mode x scenario
 suite stays within its time budget: the partition, the scenario every other one builds on,
 runs in all four combinations, the link flap in two that differ in both. A frozen host is
 named as frozen with the ssh launcher (attached and deferred): under mpirun its Open MPI
-daemon freezes with it and the host is named as lost."""
+daemon freezes with it and the host is named as lost (attached only: the stop of what is
+left there is the first host's agent's, the same in both modes)."""
 
 from __future__ import annotations
 
@@ -219,6 +220,36 @@ def test_a_frozen_host_is_named_frozen(two_hosts, launcher, mode):
            message.split(";")[0])
     assert lost_line(second, first, f"host {re.escape(second)} froze").match(message), \
         (message, watched.lines()[-30:])
+    assert failed_after <= 2 * HEARTBEAT_S + 3, f"failed {failed_after:.1f} s after freezing"
+
+
+def test_a_frozen_host_under_mpirun_leaves_nothing_of_the_job(two_hosts):
+    """launcher="mpirun", every process of the job on the second host SIGSTOPped, Open MPI's
+    daemon with them: mpirun gives the host up (named lost within 2 x the heartbeat
+    timeout) and the first host's agent continues and stops, over SSH, what ran there, so
+    no frozen process of the job stays on that host once the task has failed."""
+    hosts = two_hosts[0]
+    first, second = hosts[0].address, hosts[1].address
+    watched = start(two_hosts, "mpirun", "attached", HEARTBEAT_S)
+    watched.wait_for_step(5)
+    frozen = job_processes(hosts[1], watchers=False)
+    assert any("ringflow.train" in p.cmdline for p in frozen), frozen
+    assert any("orted" in p.cmdline for p in frozen), frozen
+    hosts[1].run(["kill", "-STOP", *(str(p.pid) for p in frozen)])
+    cut = time.monotonic()
+    assert watched.end(4 * HEARTBEAT_S + 30), ("the task did not end", watched.lines()[-40:])
+    failed_after = time.monotonic() - cut
+    message = str(watched.outcome.get("error"))
+    assert lost_line(second, first, f"lost contact with host {re.escape(second)}").match(
+        message), (message, watched.lines()[-30:])
+    # the stop ran before the task failed: what is left ends within moments, not never
+    wait_until(lambda: not job_processes(hosts[1], watchers=False), 5,
+               f"{second}: the frozen processes of the job to end")
+    assert any(f"{second} (given up): stopped" in line for line in watched.lines()), \
+        watched.lines()[-30:]
+    record("a frozen host (its job's processes stopped)", "mpirun", "attached",
+           "fails within 2 x heartbeat; nothing of the job left on the host",
+           round(failed_after, 1), message.split(";")[0])
     assert failed_after <= 2 * HEARTBEAT_S + 3, f"failed {failed_after:.1f} s after freezing"
 
 
