@@ -276,6 +276,52 @@ def test_a_link_flap_shorter_than_the_heartbeat_timeout_loses_no_step(two_hosts,
            FLAP_HEARTBEAT_S)
 
 
+def ranks_on(host) -> list:
+    """The ranks of the job on a host (not its supervisor or agent, whose arguments name
+    the training module too)."""
+    return [p for p in host.leftovers() if " -m ringflow.train " in p.cmdline
+            and "ringflow.launch" not in p.cmdline]
+
+
+def test_clock_skew_does_not_change_which_failure_is_named_first(two_hosts):
+    """The second host's clock 30 s behind (its ringflow processes add the test-only
+    RINGFLOW_TEST_CLOCK_SKEW_S to every time they report; the namespace hosts share one
+    kernel clock, and libfaketime is not installed here): a rank on the first host is
+    killed, 0.3 s later one on the second host (its ranks held stopped meanwhile, so they
+    cannot notice the first). By the second host's own clock its rank died 29.7 s earlier;
+    the launcher puts each host's times on its own clock (read when it started the job) and
+    names the rank that really failed first."""
+    hosts = two_hosts[0]
+    first, second = hosts[0].address, hosts[1].address
+    site = hosts[1].home / ".local/lib/python3.11/site-packages"
+    site.mkdir(parents=True, exist_ok=True)
+    skew = site / "ringflow_test_clock_skew.pth"
+    # every python on that host (its supervisor, agent, ranks and the launcher's clock
+    # reading) reads its user site
+    skew.write_text('import os; os.environ["RINGFLOW_TEST_CLOCK_SKEW_S"] = "-30"\n')
+    try:
+        watched = start(two_hosts, "ssh", "attached", HEARTBEAT_S)
+        watched.wait_for_step(5)
+        assert any(f"{second} +30." in line for line in watched.lines()), \
+            [line for line in watched.lines() if "clock" in line]
+        mine, theirs = (ranks_on(host) for host in hosts)
+        assert len(mine) == len(theirs) == 2, (mine, theirs)
+        hosts[1].run(["kill", "-STOP", *(str(p.pid) for p in theirs)])
+        hosts[0].run(["kill", "-KILL", str(mine[0].pid)])
+        time.sleep(0.3)
+        hosts[1].run(["kill", "-KILL", str(theirs[0].pid)])
+        hosts[1].run(["kill", "-CONT", str(theirs[1].pid)])
+        assert watched.end(60), ("the task did not end", watched.lines()[-20:])
+    finally:
+        skew.unlink()
+    message = str(watched.outcome.get("error"))
+    named = message.split(";")[0]
+    record("clock skew of 30 s on one host (a rank killed on each, 0.3 s apart)", "ssh",
+           "attached", "the rank that failed first is named", None, named.split(":")[0])
+    assert re.match(rf"training failed: rank [01] on host {re.escape(first)} \(pid "
+                    rf"{mine[0].pid}\) failed first with exit code 137", named), message
+
+
 def watch_sessions(host) -> list[int]:
     """sshd's sessions on a host that serve the launcher (its follow commands or the
     triggerer's connection), by pid in the host's namespace."""
