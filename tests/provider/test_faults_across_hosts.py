@@ -17,8 +17,11 @@ left there is the first host's agent's, the same in both modes)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
 import re
+import signal
 import threading
 import time
 import uuid
@@ -320,6 +323,77 @@ def test_clock_skew_does_not_change_which_failure_is_named_first(two_hosts):
            "attached", "the rank that failed first is named", None, named.split(":")[0])
     assert re.match(rf"training failed: rank [01] on host {re.escape(first)} \(pid "
                     rf"{mine[0].pid}\) failed first with exit code 137", named), message
+
+
+def machine_pids(host, processes) -> list[int]:
+    """The machine's pids of some of a host's processes (given by their pid in the host)."""
+    wanted, found = {p.pid for p in processes}, []
+    for entry in Path("/proc").iterdir():
+        try:
+            if not entry.name.isdigit() or os.readlink(entry / "ns/pid") != host.pid_ns:
+                continue
+            status = (entry / "status").read_text()
+        except OSError:
+            continue
+        nspid = next((line.split()[1:] for line in status.splitlines()
+                      if line.startswith("NSpid:")), [])
+        if nspid and int(nspid[-1]) in wanted:
+            found.append(int(entry.name))
+    return found
+
+
+def test_a_straggler_is_named_with_its_step_times_and_no_false_failure(two_hosts):
+    """The second host's ranks slowed to about a third of their speed (SIGSTOP 20 ms, SIGCONT
+    10 ms, over and over: the machine has no cgroup v2 hierarchy mounted, so no cpu.max to
+    set): the job succeeds, a warning names the slow host and how many times slower its
+    steps are (each rank's own work: its step less the time it waited in the all-reduce),
+    and the summary XCom carries each host's step times."""
+    hosts = two_hosts[0]
+    first, second = hosts[0].address, hosts[1].address
+    watched = start(two_hosts, "ssh", "attached", FLAP_HEARTBEAT_S, steps=240,
+                    checkpoint_every=120)
+    watched.wait_for_step(25)
+    slow = machine_pids(hosts[1], ranks_on(hosts[1]))
+    assert len(slow) == 2, slow
+    done = threading.Event()
+
+    def duty_cycle() -> None:
+        while not done.is_set():
+            for sig, pause in ((signal.SIGSTOP, 0.02), (signal.SIGCONT, 0.01)):
+                for pid in slow:
+                    try:
+                        os.kill(pid, sig)
+                    except ProcessLookupError:
+                        return
+                time.sleep(pause)
+
+    cycler = threading.Thread(target=duty_cycle, daemon=True)
+    cycler.start()
+    try:
+        assert watched.end(240), ("the job did not end", watched.lines()[-20:])
+    finally:
+        done.set()
+        cycler.join(5)
+        for pid in slow:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+    summary = watched.outcome.get("result")
+    assert summary is not None, (watched.outcome, watched.lines()[-30:])
+    assert [s for s, _ in summary["loss_history"]] == list(range(1, 241))
+    warnings = [line for line in watched.lines() if line.startswith("straggler: ")]
+    assert warnings, [line for line in watched.lines() if "host step times" in line][-5:]
+    said = re.match(rf"straggler: host {re.escape(second)} is (\d+\.\d) x slower than the "
+                    rf"other hosts, steps \d+-\d+: its ranks' own work takes [\d.]+ s per "
+                    rf"step, theirs [\d.]+ s, and they wait [\d.]+ s per step for it in the "
+                    rf"all-reduce", warnings[0])
+    assert said and float(said[1]) >= 1.5, warnings
+    assert all(second in line and first not in line for line in warnings), warnings
+    steps = summary["host_step_s"]
+    assert set(steps) == {first, second} and set(summary["host_wait_s"]) == {first, second}
+    assert steps[second] > steps[first] > 0, steps
+    record("a straggler (one host's ranks slowed to a third)", "ssh", "attached",
+           "no false failure; a warning names the host and how much slower", None,
+           warnings[0].split(",")[0])
 
 
 def watch_sessions(host) -> list[int]:

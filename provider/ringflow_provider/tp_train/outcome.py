@@ -97,6 +97,9 @@ def summarize(handle: JobHandle, report: JobReport, task_id: str
                "world_size": world, "mp_degree": mp, "dp_degree": world // mp,
                "checkpoint": job.get("checkpoint"), "log_dir": handle.log_dir,
                "plot": plot, "resumed_from": job.get("resumed_from")}
+    if report.host_times:
+        # each host's own work per step (less its waits in the all-reduce) and those waits
+        summary.update(host_step_s=report.host_step_s(), host_wait_s=report.host_step_s(2))
     if handle.show_hosts:
         first = handle.hosts[0]
         home = handle.extra.get("homes", {}).get(first)
