@@ -66,6 +66,10 @@ class JobReport(AgentOutcome):
         in the all-reduce), over every step timed."""
         return {host: round(t[which] / t[0], 4) for host, t in self.host_times.items() if t[0]}
 
+    @property
+    def last_step(self) -> int | None:
+        return self.history[-1][0] if self.history else None
+
 
 # stragglers ---------------------------------------------------------------------------------
 #: a host whose ranks' own work per step takes this many times the other hosts' is a straggler
@@ -104,10 +108,6 @@ def stragglers(payload: Mapping[str, Any]) -> list[tuple[str, float, float, floa
             found.append((host, own / max(median, 1e-9), own, median,
                           sum(waits) / len(waits)))
     return found
-
-    @property
-    def last_step(self) -> int | None:
-        return self.history[-1][0] if self.history else None
 
 
 class Presenter:
