@@ -32,6 +32,7 @@ from typing import Any
 import pytest
 from airflow.sdk.exceptions import TaskDeferred
 
+from ringflow.train.checkpoint import host_complete_steps
 from ringflow_provider.exceptions import RingflowHostUnreachableException
 from ringflow_provider.operators.tp_train import TPTrainOperator
 from tests.provider.conftest import wait_until
@@ -104,9 +105,10 @@ class Watched:
         return not self.thread.is_alive()
 
 
-def start(two_hosts, launcher: str, mode: str, heartbeat: float, **overrides) -> Watched:
+def start(two_hosts, launcher: str, mode: str, heartbeat: float, run_id: str | None = None,
+          try_number: int = 1, **overrides) -> Watched:
     hosts, conns = two_hosts
-    run_id = f"run-{uuid.uuid4().hex[:8]}"
+    run_id = run_id or f"run-{uuid.uuid4().hex[:8]}"
     args = dict(task_id="train", hosts=[h.address for h in hosts], ssh_conn_id=conns,
                 python="/usr/bin/python3", model="mlp", model_args=MLP, dtype="float32",
                 steps=100000, log_every=1, global_batch_size=256, seed=3,
@@ -121,7 +123,7 @@ def start(two_hosts, launcher: str, mode: str, heartbeat: float, **overrides) ->
         return op
 
     watched = Watched(make(), mode)
-    context = {"ti": TaskInstanceStub("faults", "train", run_id, 1, 0)}
+    context = {"ti": TaskInstanceStub("faults", "train", run_id, try_number, 0)}
 
     def attached() -> None:
         try:
@@ -323,6 +325,44 @@ def test_clock_skew_does_not_change_which_failure_is_named_first(two_hosts):
            "attached", "the rank that failed first is named", None, named.split(":")[0])
     assert re.match(rf"training failed: rank [01] on host {re.escape(first)} \(pid "
                     rf"{mine[0].pid}\) failed first with exit code 137", named), message
+
+
+def test_a_host_that_reboots_during_a_deferred_job(ns_hosts, two_hosts):
+    """The second host loses power and boots again (its PID, mount and IPC namespaces killed
+    and made again; its home, the disk, kept) while the triggerer watches the job: the task
+    names the host, the job is stopped on the first host, and the retry resumes from the
+    newest checkpoint complete on every host."""
+    hosts = two_hosts[0]
+    first, second = hosts[0].address, hosts[1].address
+    run_id = f"run-{uuid.uuid4().hex[:8]}"
+    job = dict(steps=2000, checkpoint_every=50)
+    watched = start(two_hosts, "ssh", "deferred", HEARTBEAT_S, run_id=run_id, **job)
+    watched.wait_for_step(120)
+    ns_hosts.reboot(hosts[1])
+    rebooted = time.monotonic()
+    assert watched.end(4 * HEARTBEAT_S + 30), ("the task did not end", watched.lines()[-20:])
+    failed_after = time.monotonic() - rebooted
+    message = str(watched.outcome.get("error"))
+    assert re.match(rf"training failed: lost contact with host {re.escape(second)} \(ranks 2, "
+                    rf"3\) after step \d+: its supervisor vanished \(the host rebooted, or it "
+                    rf"was killed\); rank [01] on host {re.escape(first)} noticed first",
+                    message), (message, watched.lines()[-30:])
+    wait_until(lambda: not job_processes(hosts[0]), 10, f"{first}: the job to stop")
+    record("a host reboots during a deferred job", "ssh", "deferred",
+           "the task names the host; a retry resumes", round(failed_after, 1),
+           message.split(";")[0])
+    folder = f".ringflow/checkpoints/faults/{run_id}/train"
+    complete = [{c.step for c in host_complete_steps(str(h.home / folder), i)}
+                for i, h in enumerate(hosts)]
+    newest = max(complete[0] & complete[1])
+    assert newest >= 100, complete
+    retry = start(two_hosts, "ssh", "attached", HEARTBEAT_S, run_id=run_id, try_number=2,
+                  **job)
+    assert retry.end(240), ("the retry did not end", retry.lines()[-20:])
+    summary = retry.outcome.get("result")
+    assert summary is not None, (retry.outcome, retry.lines()[-30:])
+    assert summary["resumed_from"] == newest, (summary["resumed_from"], complete)
+    assert summary["loss_history"][0][0] == newest + 1 and summary["steps"] == 2000
 
 
 def machine_pids(host, processes) -> list[int]:
