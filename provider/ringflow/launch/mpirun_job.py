@@ -64,11 +64,13 @@ SILENT_WORDS = "no exit report from process(es)"
 SILENT_GRACE_S = 10.0
 SILENT_KILL_S = 2.0  # ... then SIGTERM, and SIGKILL this long after (it waits for them too)
 # a host given up whose SSH still answers (its job frozen: SIGSTOPped, Open MPI's daemon with
-# it) has its job's processes continued and stopped over SSH meanwhile: connecting may take
-# SILENT_KILL_S (a host cut off never answers), the stop SILENT_STOP_GRACE_S, all of it
-# SILENT_STOP_S at most after the give-up
+# it) has its job's processes continued and stopped over SSH meanwhile (SILENT_STOP_GRACE_S
+# from SIGTERM to SIGKILL, SILENT_STOP_S in all at most); a host whose SSH has not answered
+# SILENT_CONNECT_S after the give-up, when mpirun has ended, is not waited for (cut off)
 SILENT_STOP_GRACE_S = 1.0
 SILENT_STOP_S = 6.0
+SILENT_CONNECT_S = 1.0
+_CONNECTED = "ringflow-connected"
 _PR_SET_PDEATHSIG = 1
 _SWEEP = ("import sys\nfrom ringflow.launch.shm import sweep_job_segments\n"
           "removed = sweep_job_segments(sys.argv[1])\n"
@@ -138,7 +140,9 @@ class MpirunJob:
         self._began_exit: dict[int, float] = {}
         self._after_peer_failure: set[int] = set()  # processes that reported seeing one
         self.silent: list[int] = []  # processes that never reported after another failed
-        self._silent_stops: list[threading.Thread] = []  # stopping what is left there
+        # stopping what is left on the hosts given up: (thread, its SSH answered, its ssh)
+        self._silent_stops: list[tuple[threading.Thread, threading.Event,
+                                       list[subprocess.Popen[str]]]] = []
         self._gave_up_at = 0.0
 
     # output -------------------------------------------------------------------------------
@@ -335,39 +339,69 @@ class MpirunJob:
         self._gave_up_at = time.monotonic()
         for host in dict.fromkeys(self.plan.host_of(i) for i in self.silent):
             if not is_this_host(host):
-                stop = threading.Thread(target=self._stop_silent_host, args=(host,),
-                                        daemon=True, name=f"ringflow-stop-{host}")
+                connected, procs = threading.Event(), []
+                stop = threading.Thread(target=self._stop_silent_host,
+                                        args=(host, connected, procs), daemon=True,
+                                        name=f"ringflow-stop-{host}")
                 stop.start()
-                self._silent_stops.append(stop)
+                self._silent_stops.append((stop, connected, procs))
 
-    def _stop_silent_host(self, host: str) -> None:
+    def _stop_silent_host(self, host: str, connected: threading.Event,
+                          procs: list[subprocess.Popen[str]]) -> None:
         """Stop what runs of the job on a host given up as silent, over SSH (the job token
         on ssh's stdin): mpirun cannot, its daemon there is gone or frozen with the job's
         processes (SIGSTOP), which would stay stopped on the host for ever. A host cut off
-        does not answer within SILENT_KILL_S: it is left to its own ranks (they stop by
-        themselves when their peers go silent)."""
+        does not answer: it is left to its own ranks (they stop by themselves when their
+        peers go silent)."""
         command = shlex.join(stop_frozen_job_command(sys.executable, SILENT_STOP_GRACE_S))
         pythonpath = os.environ.get("PYTHONPATH")
         if pythonpath:
             command = f"PYTHONPATH={shlex.quote(pythonpath)} {command}"
         argv = [*rsh_command(self.environ), "-o", f"ConnectTimeout={SILENT_KILL_S:g}", host,
-                command]
+                f"echo {_CONNECTED} && {command}"]
         try:
-            done = subprocess.run(argv, input=self._token + "\n", capture_output=True,
-                                  text=True, timeout=SILENT_STOP_S)
-        except (OSError, subprocess.TimeoutExpired) as exc:
+            proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True)
+        except OSError as exc:
             self.say(f"{host}: could not stop what is left of the job there: {exc}")
             return
-        said = (done.stdout.strip() or done.stderr.strip() or "no output").splitlines()[-1]
-        if done.returncode == 255:  # ssh's own failure: the host did not answer
-            self.say(f"{host} did not answer to stop what is left of the job there: {said}")
+        procs.append(proc)
+        assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+        with contextlib.suppress(OSError):
+            proc.stdin.write(self._token + "\n")
+            proc.stdin.close()
+        said = []
+        for line in proc.stdout:
+            if line.strip() == _CONNECTED:
+                connected.set()
+            elif line.strip():
+                said.append(line.strip())
+        err = proc.stderr.read().strip()
+        code = proc.wait()
+        if not connected.is_set():
+            self.say(f"{host} did not answer to stop what is left of the job there"
+                     + (f": {err.splitlines()[-1]}" if err and code >= 0 else ""))
         else:
-            self.say(f"{host} (given up): {said}")
+            self.say(f"{host} (given up): {(said or err.splitlines() or ['no output'])[-1]}")
 
     def _join_silent_stops(self) -> None:
-        deadline = self._gave_up_at + SILENT_STOP_S + 1
-        for stop in self._silent_stops:
-            stop.join(max(0.0, deadline - time.monotonic()))
+        """Wait for the stops of the hosts given up (mpirun has ended): those whose SSH
+        answered until they are done (SILENT_STOP_S after the give-up at most); the others
+        until SILENT_CONNECT_S after the give-up, then their ssh is killed."""
+        for stop, connected, procs in self._silent_stops:
+            connect_by = self._gave_up_at + SILENT_CONNECT_S
+            while not connected.is_set() and stop.is_alive() and time.monotonic() < connect_by:
+                connected.wait(0.05)
+            if not connected.is_set():
+                for proc in procs:
+                    with contextlib.suppress(ProcessLookupError):
+                        proc.kill()
+            stop.join(max(0.0, self._gave_up_at + SILENT_STOP_S - time.monotonic()))
+            if stop.is_alive():
+                for proc in procs:
+                    with contextlib.suppress(ProcessLookupError):
+                        proc.kill()
+                stop.join(1.0)
 
     def _stop_leftovers(self, token: str) -> None:
         left = job_processes(token, exclude=ancestors())
