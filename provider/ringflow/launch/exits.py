@@ -10,10 +10,9 @@ import signal
 import time
 
 __all__ = ["CLOCK_SKEW_VAR", "EXIT_CHECKPOINT", "EXIT_CODES", "EXIT_CONFIG", "EXIT_ERROR",
-           "EXIT_NONFINITE",
-           "EXIT_OK", "FOLDER_REFUSED_EXIT", "LOST_EXIT", "NOT_RETRIED", "RUNNING_EXIT",
-           "SETUP_EXIT", "STDIN_CLOSED_EXIT", "describe_exit", "describe_signal",
-           "failure_order", "host_time", "shell_exit_code", "signal_name"]
+           "EXIT_NONFINITE", "EXIT_OK", "FOLDER_REFUSED_EXIT", "LOST_EXIT", "NOT_RETRIED",
+           "RUNNING_EXIT", "SETUP_EXIT", "STDIN_CLOSED_EXIT", "describe_exit",
+           "describe_signal", "failure_order", "host_time", "shell_exit_code", "signal_name"]
 
 # A rank of a training job (`python -m ringflow.train`), and the launcher agent after it
 EXIT_OK = 0
