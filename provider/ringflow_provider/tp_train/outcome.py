@@ -52,7 +52,7 @@ def failure(handle: JobHandle, report: JobReport,
     """The rank that failed first across the hosts, with its cause and its log's tail; else
     the part that ended badly (an agent, a lost supervisor, a host)."""
     hosts: list[str | None] = list(handle.hosts) if handle.show_hosts else [None]
-    first = report.first_failure(hosts)
+    first = report.first_failure(hosts, handle.extra.get("clock_offsets"))
     if first is not None:
         host, entry = first
         if handle.show_hosts:
@@ -97,6 +97,9 @@ def summarize(handle: JobHandle, report: JobReport, task_id: str
                "world_size": world, "mp_degree": mp, "dp_degree": world // mp,
                "checkpoint": job.get("checkpoint"), "log_dir": handle.log_dir,
                "plot": plot, "resumed_from": job.get("resumed_from")}
+    if report.host_times:
+        # each host's own work per step (less its waits in the all-reduce) and those waits
+        summary.update(host_step_s=report.host_step_s(), host_wait_s=report.host_step_s(2))
     if handle.show_hosts:
         first = handle.hosts[0]
         home = handle.extra.get("homes", {}).get(first)
