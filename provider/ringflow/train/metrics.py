@@ -5,6 +5,10 @@
     [train] summary {"final_loss": 0.0871, "steps": 200, "samples_per_s": 1901.7,
                      "checkpoint": "/ckpt/step-00000200", "resumed_from": null}
 
+A job with validation data adds ``val_loss`` (and a classifier's ``val_accuracy``) to the
+metric line of each step it validated at (such a step always has a line), and
+``val_loss``, ``best_val_loss`` and ``best_checkpoint`` to its summary.
+
 Each is one whole line (shown wrapped here). Only rank 0 prints them; the launcher
 prefixes worker lines with ``[rank N] ``, and ``parse_train_line`` accepts both. Floats
 are written by ``json`` at full precision (a float's repr round-trips), so a loss read
@@ -22,7 +26,9 @@ PREFIX = "[train] "
 METRIC = "metric"
 SUMMARY = "summary"
 METRIC_KEYS = ("step", "loss", "lr", "samples_per_s", "elapsed_s")
+VALIDATION_METRIC_KEYS = ("val_loss", "val_accuracy")
 SUMMARY_KEYS = ("final_loss", "steps", "samples_per_s", "checkpoint", "resumed_from")
+VALIDATION_SUMMARY_KEYS = ("val_loss", "best_val_loss", "best_checkpoint")
 
 # an optional launcher prefix: "[rank 3] " or, gathered over hosts, "[host/rank 3] "
 _LINE_RE = re.compile(r"^(?:\[(?:[^\]/\s]+/)?rank \d+\] )?\[train\] (metric|summary) (\{.*\})$")
@@ -65,9 +71,11 @@ class Reporter:
         """A line for people, ``[train] <text>``."""
         self._write(PREFIX + text)
 
-    def step_done(self, step: int, loss: float, lr: float, log: bool) -> None:
-        """Counts a trained step; prints its metric line when ``log``. ``samples_per_s`` is
-        the global samples per second since the previous metric line."""
+    def step_done(self, step: int, loss: float, lr: float, log: bool,
+                  validation: dict[str, float] | None = None) -> None:
+        """Counts a trained step; prints its metric line when ``log``, with ``validation``'s
+        values if given. ``samples_per_s`` is the global samples per second since the
+        previous metric line."""
         self.steps_run += 1
         if not log:
             return
@@ -77,16 +85,20 @@ class Reporter:
         self._last_time, self._last_step_count = now, self.steps_run
         self._write(format_line(METRIC, {"step": step, "loss": loss, "lr": lr,
                                          "samples_per_s": rate,
-                                         "elapsed_s": now - self.started}))
+                                         "elapsed_s": now - self.started,
+                                         **(validation or {})}))
 
     def summary(self, final_loss: float | None, steps: int, checkpoint: str | None,
-                resumed_from: int | None) -> dict[str, Any]:
+                resumed_from: int | None,
+                validation: dict[str, Any] | None = None) -> dict[str, Any]:
         """Prints and returns the summary; ``samples_per_s`` is over the steps this run
-        trained (null when it trained none)."""
+        trained (null when it trained none); ``validation``: a job with validation data's
+        ``VALIDATION_SUMMARY_KEYS``."""
         seconds = time.perf_counter() - self.started
         rate = self.steps_run * self.batch / max(seconds, 1e-9) if self.steps_run else None
         payload = {"final_loss": final_loss, "steps": steps, "samples_per_s": rate,
-                   "checkpoint": checkpoint, "resumed_from": resumed_from}
+                   "checkpoint": checkpoint, "resumed_from": resumed_from,
+                   **(validation or {})}
         self._write(format_line(SUMMARY, payload))
         return payload
 
