@@ -80,7 +80,17 @@ class TPTrainOperator(RingflowJobOperator):
 
     :param model: ``mlp``, ``transformer`` or ``package.module:build_fn`` (templated)
     :param model_args: arguments of the model builder (templated)
-    :param data: ``synthetic`` or the path of an ``.npz`` of arrays named as the feeds
+    :param data: ``synthetic``; the path of an ``.npz`` of arrays named as the feeds or a
+        ``.csv`` of features and a label (the mlp); for the transformer a UTF-8 text file,
+        a folder of them or an ``.npy`` token stream. Paths are read on each host
+        (templated)
+    :param tokenizer: text to tokens: ``byte`` (default, vocabulary 256) or ``char`` (the
+        corpus's characters, stored with the checkpoint) (templated)
+    :param validation_fraction: hold out this fraction of ``data`` for validation; 0
+        (default): none (templated)
+    :param eval_data: validation data of the kinds ``data`` takes; None: none (templated)
+    :param eval_every: validate every this many steps, at each checkpoint and at the last,
+        default 100; the validation loss goes into the progress lines and the summary
         (templated)
     :param optimizer: ``{"type": sgd|momentum|adam|adamw|lamb|lars, ...its arguments}``,
         default Adam with learning rate 1e-3 (templated)
@@ -166,7 +176,9 @@ class TPTrainOperator(RingflowJobOperator):
     presenter = "tp_train"
 
     def __init__(self, *, model: str = "transformer", model_args: dict | str | None = None,
-                 data: str = "synthetic", optimizer: dict | str | None = None,
+                 data: str = "synthetic", tokenizer: str = "byte",
+                 validation_fraction: float | str = 0.0, eval_data: str | None = None,
+                 eval_every: int | str = 100, optimizer: dict | str | None = None,
                  lr_schedule: dict | str | None = None, grad_clip: float | str | None = None,
                  steps: int | str = 200, global_batch_size: int | str = 32,
                  seed: int | str = 0, tensor_parallel_degree: int | str = 1,
@@ -188,6 +200,8 @@ class TPTrainOperator(RingflowJobOperator):
                                           f"{allow_unsafe_env!r}")
         self.allow_unsafe_env = allow_unsafe_env
         self.model, self.model_args, self.data = model, model_args or {}, data
+        self.tokenizer, self.validation_fraction = tokenizer, validation_fraction
+        self.eval_data, self.eval_every = eval_data, eval_every
         self.optimizer = optimizer if optimizer is not None else {"type": "adam",
                                                                    "learning_rate": 1e-3}
         self.lr_schedule, self.grad_clip, self.steps = lr_schedule, grad_clip, steps
