@@ -409,7 +409,9 @@ class TPTrainOperator(RingflowJobOperator):
             host = handle.hosts[0] if handle.show_hosts else os.uname().nodename
             events[asset].extra = {"checkpoint": summary["checkpoint"], "host": host,
                                    "step": summary["steps"],
-                                   "final_loss": summary["final_loss"]}
+                                   "final_loss": summary["final_loss"],
+                                   **{k: summary[k] for k in ("val_loss", "best_checkpoint")
+                                      if k in summary}}
         return summary
 
 
