@@ -40,6 +40,7 @@ class EvaluateArgs(BaseModel):
     fail_if: Annotated[dict[str, dict[Literal["gt", "ge", "lt", "le"], float]],
                        BeforeValidator(_gate)] = Field(default_factory=dict)
     host: Annotated[str | None, BeforeValidator(none_text)] = None
+    ssh_conn_id: str = Field("ssh_default", min_length=1)
     python: str = Field("python3", min_length=1)
 
 
