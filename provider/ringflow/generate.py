@@ -34,7 +34,8 @@ def generate(checkpoint: str, prompt: str, max_new_tokens: int = 200,
         raise ConfigError("the prompt is empty: give at least one character")
     decoder = decode.Decoder(restored.params, restored.model.config,
                              spec.model_args.get("name", "gpt"))
-    tokens = decode.generate(decoder, ids, max_new_tokens, temperature, top_k, seed, cached)
+    tokens = decode.generate(decoder, ids, max_new_tokens, temperature, top_k, seed, cached,
+                             tokenizer.vocab_size)
     return {"prompt": prompt, "text": tokenizer.decode(tokens), "tokens": tokens,
             "checkpoint": restored.checkpoint.path, "step": restored.checkpoint.step}
 

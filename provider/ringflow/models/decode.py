@@ -119,10 +119,12 @@ def sample(logits: np.ndarray, temperature: float, top_k: int | None,
 
 
 def generate(decoder: Decoder, prompt: Any, max_new_tokens: int, temperature: float = 1.0,
-             top_k: int | None = None, seed: int = 0, cached: bool = True) -> list[int]:
+             top_k: int | None = None, seed: int = 0, cached: bool = True,
+             vocab: int | None = None) -> list[int]:
     """``max_new_tokens`` tokens after ``prompt`` (at least one token). ``cached=False``
     computes every token's logits from its whole context (the reference the cache is
-    checked against)."""
+    checked against). ``vocab``: sample only tokens below it (a tokenizer's vocabulary may
+    be smaller than the model's: a char vocabulary of 90 in a model of 128)."""
     ids = [int(t) for t in np.asarray(prompt).reshape(-1)]
     if not ids:
         raise ValueError("generate needs a prompt of at least one token")
@@ -132,7 +134,7 @@ def generate(decoder: Decoder, prompt: Any, max_new_tokens: int, temperature: fl
     logits = decoder.forward(ids[start:], keep=cached)[-1] if max_new_tokens else None
     out = []
     for n in range(max_new_tokens):
-        token = sample(logits, temperature, top_k, rng)
+        token = sample(logits[:vocab], temperature, top_k, rng)
         ids.append(token)
         out.append(token)
         if n == max_new_tokens - 1:

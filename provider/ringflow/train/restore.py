@@ -13,7 +13,14 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError
-from .checkpoint import Checkpoint, latest_checkpoint, read_complete, read_meta
+from .checkpoint import (
+    Checkpoint,
+    host_complete_steps,
+    latest_checkpoint,
+    read_complete,
+    read_host_complete,
+    read_meta,
+)
 from .spec import JobSpec
 from .text import Tokenizer
 
@@ -42,18 +49,20 @@ class Restored:
 
 def find_checkpoint(path: str) -> Checkpoint:
     """``path`` is a step folder (``.../step-00000200``), or a checkpoint_dir: its newest
-    complete checkpoint."""
+    complete checkpoint. On the first host of a job whose hosts do not share a disk, the
+    first host's part is enough (it holds the shards of model-parallel ranks 0..mp-1)."""
     path = os.path.abspath(path)
     name = os.path.basename(path)
     if name.startswith(_STEP_DIR) and name[len(_STEP_DIR):].isdigit():
-        found = read_complete(os.path.dirname(path), int(name[len(_STEP_DIR):]))
+        root, step = os.path.dirname(path), int(name[len(_STEP_DIR):])
+        found = read_complete(root, step) or read_host_complete(root, step, 0)
         if found is None:
             raise ConfigError(f"checkpoint {path}: not a complete checkpoint folder (every "
                               f"host's manifest and the shards they list)")
         return found
     if not os.path.isdir(path):
         raise ConfigError(f"checkpoint {path}: no such folder")
-    found = latest_checkpoint(path)
+    found = latest_checkpoint(path) or next(reversed(host_complete_steps(path, 0)), None)
     if found is None:
         raise ConfigError(f"checkpoint {path}: the folder holds no complete checkpoint")
     return found

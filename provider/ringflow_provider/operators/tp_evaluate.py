@@ -78,7 +78,20 @@ class TPEvaluateOperator(BaseOperator):
 
     def execute(self, context: Any) -> dict[str, Any]:
         args = self._args()
-        run = self._runner(args)
+        hook = None if args.host is None else MultiHostSSHHook(ssh_conn_id=args.ssh_conn_id)
+        try:
+            result = self._evaluate(args, self._runner(args, hook))
+        finally:
+            if hook is not None:
+                hook.close()
+        failed = ev.gate_failures(args.fail_if, result)
+        if failed:
+            raise RingflowMetricGateException(
+                f"the model of {result.get('checkpoint')} misses its gate: "
+                + "; ".join(failed))
+        return result
+
+    def _evaluate(self, args: ev.EvaluateArgs, run) -> dict[str, Any]:
         result = self._call(run, "ringflow evaluate", ev.evaluate_argv(args))
         shown = {k: v for k, v in result.items() if k not in ("checkpoint", "samples")}
         self.log.info("evaluated %s (step %s) on %s samples: %s", result.get("checkpoint"),
@@ -88,11 +101,6 @@ class TPEvaluateOperator(BaseOperator):
             result["generated"] = sampled.get("text", "")
             self.log.info("generated from the prompt %r (seed %s):\n%s%s", args.prompt,
                           args.seed, args.prompt, result["generated"])
-        failed = ev.gate_failures(args.fail_if, result)
-        if failed:
-            raise RingflowMetricGateException(
-                f"the model of {result.get('checkpoint')} misses its gate: "
-                + "; ".join(failed))
         return result
 
     def _args(self) -> ev.EvaluateArgs:
@@ -102,9 +110,9 @@ class TPEvaluateOperator(BaseOperator):
         except ValueError as exc:
             raise RingflowConfigException(f"task {self.task_id!r}: {exc}") from None
 
-    def _runner(self, args: ev.EvaluateArgs):
+    def _runner(self, args: ev.EvaluateArgs, hook: MultiHostSSHHook | None):
         """``run(argv) -> (code, out, err)`` on this worker or on ``args.host``."""
-        if args.host is None:
+        if hook is None:
             def local(argv: list[str]) -> tuple[int, str, str]:
                 try:
                     done = subprocess.run([sys.executable, *argv], capture_output=True,
@@ -116,7 +124,6 @@ class TPEvaluateOperator(BaseOperator):
             return local
         from ringflow_provider.launchers.shipping import prepare_hosts
 
-        hook = MultiHostSSHHook(ssh_conn_id=args.ssh_conn_id)
         try:
             prepared = prepare_hosts(hook, [args.host], args.python)[args.host]
         except LaunchError as exc:

@@ -150,6 +150,9 @@ class TPTrainOperator(RingflowJobOperator):
         Open MPI on every host and SSH from the first host to the others) (templated)
     :param base_port: the first rank port on every host; default a range free on every
         host, found before the job starts (templated)
+    :param ship_data: copy ``data`` and ``eval_data`` from this worker to every host over
+        SFTP (into ``~/.ringflow/data/<sha256>/``, checked by its digest there and reused by
+        later jobs) instead of reading the paths on each host; default False
 
     How it is watched (the job runs under ringflow's supervisor on each host, detached from
     the task process; see `RingflowJobOperator`):
@@ -192,13 +195,14 @@ class TPTrainOperator(RingflowJobOperator):
                  ssh_conn_id: str | dict = MultiHostSSHHook.default_conn_name,
                  python: str = "python3", launcher: str = "ssh",
                  base_port: int | str | None = None, allow_unsafe_env: bool = False,
-                 **kwargs: Any) -> None:
+                 ship_data: bool = False, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if not isinstance(allow_unsafe_env, bool):  # a template must not switch it on
             raise RingflowConfigException(f"task {self.task_id!r}: allow_unsafe_env: expected "
                                           f"True or False (not templated), got "
                                           f"{allow_unsafe_env!r}")
         self.allow_unsafe_env = allow_unsafe_env
+        self.ship_data = bool(ship_data)
         self.model, self.model_args, self.data = model, model_args or {}, data
         self.tokenizer, self.validation_fraction = tokenizer, validation_fraction
         self.eval_data, self.eval_every = eval_data, eval_every
@@ -305,6 +309,10 @@ class TPTrainOperator(RingflowJobOperator):
         task = TaskKey.from_ti(context["ti"])
         self._log_plan(spec, nproc, plan, task)
         launcher.prepare(numpy=True)
+        if self.ship_data and plan["hosts"]:
+            from ringflow_provider.launchers.data import ship_job_data
+
+            spec = plan["spec"] = ship_job_data(launcher, spec, self.log)
         launcher.stop_earlier(task, f"try {task.try_number} starts the job again")
         self._raise_if_killed()
         port = plan["base_port"] or launcher.free_base_port(nproc)

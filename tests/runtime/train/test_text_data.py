@@ -185,6 +185,9 @@ def test_cached_generation_is_uncached_generation_token_for_token(trained_free):
                                 cached=c) for c in (True, False, True)]
         assert runs[0] == runs[1] == runs[2], (temperature, top_k)
         assert len(runs[0]) == 30 and all(0 <= t < 24 for t in runs[0])
+    # a tokenizer's vocabulary smaller than the model's: only its tokens come
+    limited = decode.generate(decoder, [3, 1, 4], 200, 5.0, None, seed=7, vocab=10)
+    assert max(limited) < 10 and len(set(limited)) > 5
     other = decode.generate(decoder, [3, 1, 4], 30, 1.0, 5, seed=8)
     assert other != decode.generate(decoder, [3, 1, 4], 30, 1.0, 5, seed=7)
 
