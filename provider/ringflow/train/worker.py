@@ -355,6 +355,8 @@ class Trainer:
             if self.job.evaluator is not None and (
                     step % spec.eval_every == 0 or last or checkpoint):
                 val = self.val = self.job.evaluator.run(self.exe, self.scope)
+                if not math.isfinite(val["val_loss"]):
+                    raise NonFiniteLoss(step, f"validation loss is {val['val_loss']}")
             logged = step == done + 1 or step % spec.log_every == 0 or last or val is not None
             self.report.step_done(step, loss, lr, logged, val)
             if checkpoint:
