@@ -34,21 +34,27 @@ class Evaluator:
         totals = np.zeros(3, dtype=np.float64)   # loss sum, positions, correct rows
         count, size = self.evals.count, self.batch_size
         batches = -(-count // size)
-        for first in range(0, batches * size, size):
-            sample = np.arange(first + self.rows.start, first + self.rows.stop, dtype=np.int64)
-            counted = sample < count
-            feed = self.evals.take(sample % count)
-            with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-                values = exe.run(self.program, feed=feed, fetch_list=self.fetch, scope=scope)
-            losses = values[0].astype(np.float64).reshape(len(sample), -1)
-            totals[0] += losses[counted].sum()
-            totals[1] += counted.sum() * losses.shape[1]
-            if self.labels:
-                hits = np.argmax(values[1], axis=-1) == feed[self.labels].reshape(-1)
-                totals[2] += np.count_nonzero(hits[counted])
+        # A NaN/inf is reported once, by the worker's check of the result, not per op.
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            for first in range(0, batches * size, size):
+                self._batch(exe, scope, first, totals)
         if self.reduce is not None:
             self.reduce(totals)
         result = {"val_loss": float(totals[0] / totals[1])}
         if self.labels:
             result["val_accuracy"] = float(totals[2] / totals[1])
         return result
+
+    def _batch(self, exe, scope, first: int, totals: np.ndarray) -> None:
+        """Adds this rank's rows of the global batch starting at sample ``first``."""
+        count = self.evals.count
+        sample = np.arange(first + self.rows.start, first + self.rows.stop, dtype=np.int64)
+        counted = sample < count
+        feed = self.evals.take(sample % count)
+        values = exe.run(self.program, feed=feed, fetch_list=self.fetch, scope=scope)
+        losses = values[0].astype(np.float64).reshape(len(sample), -1)
+        totals[0] += losses[counted].sum()
+        totals[1] += counted.sum() * losses.shape[1]
+        if self.labels:
+            hits = np.argmax(values[1], axis=-1) == feed[self.labels].reshape(-1)
+            totals[2] += np.count_nonzero(hits[counted])

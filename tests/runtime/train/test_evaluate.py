@@ -52,3 +52,16 @@ def test_a_classifier_validates_and_evaluates_to_the_same_loss_and_accuracy(
     assert main([str(tmp_path / "plain"), "--data", str(csv)]) == 0
     line = capsys.readouterr().out.strip()
     assert parse_train_line(line) is None and json.loads(line)["samples"] == 120
+
+
+def test_a_non_finite_validation_loss_stops_the_job_naming_the_step(train_here, tmp_path,
+                                                                    csv):
+    huge = tmp_path / "huge.csv"
+    huge.write_text("".join(",".join(["1e308"] * MLP_ARGS["input_size"]) + ",1\n"
+                            for _ in range(4)))
+    out = train_here({"model": "mlp", "model_args": MLP_ARGS, "dtype": "float64",
+                      "data": str(csv), "eval_data": str(huge), "eval_every": 2, "steps": 4,
+                      "global_batch_size": 8})
+    assert out.code == 3, out.stdout + out.stderr
+    assert "[train] error: stopping: the validation loss is inf at step 2;" in out.stderr
+    assert [m["step"] for m in out.metrics] == [1]
