@@ -37,14 +37,31 @@ class HostUnreachableError(LaunchError):
     """A host could not be reached (SSH connect or login failed) or its link was lost."""
 
 
+class FolderError(LaunchError):
+    """A folder the job needs cannot be used on a host: not writable, a symlink, or not this
+    user's. A retry cannot fix it; the message names the host, the folder and the cause."""
+
+
 class ConfigError(RingflowError):
     """A configuration (job spec, CLI arguments, strategy, environment) is invalid."""
 
 
 def gathered(what: str, problems: Sequence[LaunchError | str]) -> LaunchError:
     """One error for what failed on several hosts (`what failed: a; b`): a
-    HostUnreachableError when every host failed that way, else a LaunchError."""
+    HostUnreachableError (or FolderError) when every host failed that way, else a
+    LaunchError."""
     text = f"{what} failed: " + "; ".join(str(p) for p in problems)
-    if problems and all(isinstance(p, HostUnreachableError) for p in problems):
-        return HostUnreachableError(text)
+    for kind in (HostUnreachableError, FolderError):
+        if problems and all(isinstance(p, kind) for p in problems):
+            return kind(text)
     return LaunchError(text)
+
+
+def did_you_mean(name: object, known: Sequence[str]) -> str:
+    """`` (did you mean 'steps'?)`` for a misspelt name (``stpes``), the nearest of `known`
+    (difflib's ratio >= 0.6); "" when none is near. The job spec, model and optimizer
+    arguments and the operators' own arguments all suggest names with it."""
+    import difflib
+
+    close = difflib.get_close_matches(str(name), list(known), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""

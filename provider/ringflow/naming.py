@@ -10,7 +10,7 @@ import re
 from .errors import ConfigError
 
 _LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
-_HOSTNAME = re.compile(rf"^(?=.{{1,253}}$){_LABEL}(?:\.{_LABEL})*$")
+_HOSTNAME = re.compile(rf"^(?=.{{1,253}}\Z){_LABEL}(?:\.{_LABEL})*\Z")
 _OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
 _END = r"(?![^\s,])"  # the end of one name in a comma list
 #: one name `check_host` accepts, as a regular expression Python and JSON schema (ECMA) both
@@ -22,7 +22,7 @@ HOST_PATTERN = (rf"(?:{_OCTET}(?:\.{_OCTET}){{3}}{_END}|(?![0-9.]+{_END})"
 HOSTS_PATTERN = rf"^\s*(?:{HOST_PATTERN}(?:\s*,\s*{HOST_PATTERN})*)?\s*$"
 # No '-': segments are named ringflow-<job id>-..., and a sweep of one job's prefix must
 # never match another job's segments (job "a" vs job "a-b"); no '/' (a path).
-_JOB_ID = re.compile(r"^[A-Za-z0-9_.]{1,64}$")
+_JOB_ID = re.compile(r"^[A-Za-z0-9_.]{1,64}\Z")
 SHM_NAME_PREFIX = "ringflow-"
 
 

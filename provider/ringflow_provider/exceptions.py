@@ -6,6 +6,7 @@ an `AirflowFailException`, which Airflow fails at once, without retries.
     RingflowException(AirflowException)
     +-- RingflowConfigException(+AirflowFailException)  an argument or the setup is refused
     |   +-- RingflowHostNotAllowedException     a host outside its connection's allowed_hosts
+    |   +-- RingflowFolderException             a folder of the job is unusable on a host
     +-- RingflowLaunchException                 the job could not be started or watched
     |   +-- RingflowHostUnreachableException    a host could not be reached (or was lost)
     +-- RingflowJobFailedException              the job ran and failed (exit_code, host)
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from ringflow.errors import HostUnreachableError, LaunchError
+from ringflow.errors import FolderError, HostUnreachableError, LaunchError
 from ringflow_provider.hooks.allowed_hosts import HostNotAllowedError
 
 
@@ -33,6 +34,11 @@ class RingflowConfigException(RingflowException, AirflowFailException):
 class RingflowHostNotAllowedException(RingflowConfigException):
     """A host of the job is not among the ``allowed_hosts`` extra of the ssh connection that
     would reach it; refused before any SSH connection is opened, not retried."""
+
+
+class RingflowFolderException(RingflowConfigException):
+    """A folder of the job (log_dir, checkpoint_dir, its job folder) cannot be used on a
+    host: not writable, a symlink, or another user's; not retried."""
 
 
 class RingflowLaunchException(RingflowException):
@@ -71,10 +77,12 @@ class RingflowJobKilledException(RingflowException):
 
 
 def launch_exception(exc: LaunchError, message: str
-                     ) -> RingflowLaunchException | RingflowHostNotAllowedException:
+                     ) -> RingflowLaunchException | RingflowConfigException:
     """The task's exception for a launcher error (`message`: its text, masked)."""
     if isinstance(exc, HostNotAllowedError):
         return RingflowHostNotAllowedException(message)
+    if isinstance(exc, FolderError):
+        return RingflowFolderException(message)
     if isinstance(exc, HostUnreachableError):
         return RingflowHostUnreachableException(message)
     return RingflowLaunchException(message)

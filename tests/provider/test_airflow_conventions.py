@@ -14,7 +14,7 @@ import pytest
 from airflow.sdk import DAG, TaskGroup
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from ringflow.errors import HostUnreachableError, LaunchError, gathered
+from ringflow.errors import FolderError, HostUnreachableError, LaunchError, gathered
 from ringflow_provider import exceptions as rx
 from ringflow_provider.exceptions import (
     RingflowConfigException,
@@ -107,14 +107,16 @@ def test_every_failure_class_is_an_airflow_exception_and_only_hopeless_ones_skip
     classes = {name: cls for name, cls in vars(rx).items()
                if isinstance(cls, type) and issubclass(cls, rx.RingflowException)}
     assert sorted(classes) == [
-        "RingflowConfigException", "RingflowException", "RingflowHostNotAllowedException",
+        "RingflowConfigException", "RingflowException", "RingflowFolderException",
+        "RingflowHostNotAllowedException",
         "RingflowHostUnreachableException", "RingflowJobFailedException",
         "RingflowJobKilledException", "RingflowJobRefusedException", "RingflowLaunchException",
         "RingflowMetricGateException"]
     assert all(issubclass(cls, AirflowException) for cls in classes.values())
     no_retry = sorted(n for n, cls in classes.items() if issubclass(cls, AirflowFailException))
-    assert no_retry == ["RingflowConfigException", "RingflowHostNotAllowedException",
-                        "RingflowJobRefusedException", "RingflowMetricGateException"]
+    assert no_retry == ["RingflowConfigException", "RingflowFolderException",
+                        "RingflowHostNotAllowedException", "RingflowJobRefusedException",
+                        "RingflowMetricGateException"]
     failed = rx.RingflowJobRefusedException("loss nan", 3, "n1")
     assert (str(failed), failed.exit_code, failed.host) == ("loss nan", 3, "n1")
     assert isinstance(failed, rx.RingflowJobFailedException)
@@ -128,6 +130,14 @@ def test_hosts_errors_gather_as_unreachable_only_when_every_host_was():
     assert type(gathered("shipping", mixed)) is LaunchError
     assert type(rx.launch_exception(mixed[1], "m")) is RingflowLaunchException
     assert type(rx.launch_exception(lost[0], "m")) is RingflowHostUnreachableException
+
+
+def test_folder_errors_gather_as_one_not_retried_only_when_every_host_had_one():
+    bad = [FolderError("a: log_dir x is not writable"), FolderError("b: log_dir x ...")]
+    assert type(gathered("checking", bad)) is FolderError
+    assert type(gathered("checking", [bad[0], LaunchError("b: timeout")])) is LaunchError
+    assert type(rx.launch_exception(gathered("checking", bad), "m")) is \
+        rx.RingflowFolderException
 
 
 @pytest.fixture

@@ -20,6 +20,7 @@ from ringflow_provider.hooks.multi_ssh import MultiHostSSHHook
 from ringflow_provider.launchers import shipping
 from ringflow_provider.launchers.shipping import (
     CACHE_DIR,
+    MANIFEST,
     MARKER,
     preflight,
     read_probe,
@@ -149,6 +150,83 @@ def test_a_cache_folder_without_its_marker_is_replaced(hooks, ns_hosts):
     assert shipped.installed
     assert runtime_bundle(broken).digest == BUNDLE.digest
     assert os.listdir(cache(host)) == [BUNDLE.name]
+
+
+def modes(folder):
+    """(files' modes, folders' modes) of a copy, as sets (what Python compiled aside)."""
+    entries = [folder, *(p for p in folder.rglob("*") if "__pycache__" not in p.parts)]
+    return ({p.stat().st_mode & 0o7777 for p in entries if p.is_file()},
+            {p.stat().st_mode & 0o7777 for p in entries if p.is_dir()})
+
+
+def test_a_shipped_copy_is_read_only_and_its_manifest_checks_on_the_host(hooks, ns_hosts):
+    host = ns_hosts[2]
+    ship_to(hooks[host.address], host.address, BUNDLE)
+    target = cache(host) / BUNDLE.name
+    assert modes(target) == ({0o444}, {0o555})
+    done = host.sh(f"cd /root/{CACHE_DIR}/{BUNDLE.name} && sha256sum -c --quiet {MANIFEST}")
+    assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
+    assert len((target / MANIFEST).read_text().splitlines()) == len(BUNDLE.files)
+
+
+TAMPERED = "print('TAMPERED')\n"
+
+
+def test_a_tampered_copy_in_the_cache_is_replaced_and_not_used(hooks, ns_hosts):
+    """A file of the cached copy changed on the host (its mode restored, the marker left):
+    the next ship sees it, says so, installs a fresh copy in its place, and the runtime
+    the job imports is the shipped one."""
+    host = ns_hosts[0]
+    hook = hooks[host.address]
+    first = ship_to(hook, host.address, BUNDLE)
+    victim = cache(host) / BUNDLE.name / "ringflow" / "__init__.py"
+    victim.chmod(0o644)
+    victim.write_text(TAMPERED + victim.read_text())
+    victim.chmod(0o444)
+    again = ship_to(hook, host.address, BUNDLE)
+    assert (again.installed, again.uploaded_files) == (True, len(BUNDLE.files))
+    assert again.replaced.startswith("ringflow/__init__.py differs from the shipped file "
+                                     "(sha256 ")
+    assert again.pythonpath == first.pythonpath
+    python = shipping.HostPython(host.address, "/usr/bin/python3", (3, 11, 2), "1.24.2")
+    assert shipping.Prepared(python, again).describe().endswith(
+        f"runtime uploaded at {again.pythonpath} (the copy there was not this runtime and was "
+        f"replaced: {again.replaced})")
+    assert shipping.Prepared(python, first).describe().endswith(" runtime uploaded at "
+                                                                f"{first.pythonpath}")
+    code, out, err = hook.run(host.address, f"PYTHONPATH={shlex.quote(again.pythonpath)} "
+                              "/usr/bin/python3 -c 'import ringflow'", timeout=30)
+    assert (code, out) == (0, ""), err
+    assert runtime_bundle(cache(host) / BUNDLE.name / "ringflow").digest == BUNDLE.digest
+    assert os.listdir(cache(host)) == [BUNDLE.name]  # the tampered copy removed
+    assert modes(cache(host) / BUNDLE.name) == ({0o444}, {0o555})
+
+
+def test_an_added_file_or_a_writable_mode_is_not_the_shipped_copy(hooks, ns_hosts):
+    host = ns_hosts[1]
+    hook = hooks[host.address]
+    ship_to(hook, host.address, BUNDLE)
+    package = cache(host) / BUNDLE.name / "ringflow"
+    package.chmod(0o755)
+    (package / "sitecustomize.py").write_text(TAMPERED)
+    assert ship_to(hook, host.address, BUNDLE).replaced == (
+        "ringflow has mode 755, not 555; ringflow/sitecustomize.py was added")
+    assert not (package / "sitecustomize.py").exists()
+
+
+def test_compiled_files_python_wrote_into_the_copy_are_removed_and_the_copy_reused(
+        hooks, ns_hosts):
+    """The hosts' login is root, which writes __pycache__ despite the read-only folders;
+    a compiled file is not checked against the manifest, so none outlives a check."""
+    host = ns_hosts[1]
+    hook = hooks[host.address]
+    path = ship_to(hook, host.address, BUNDLE).pythonpath
+    hook.run(host.address, f"PYTHONPATH={shlex.quote(path)} /usr/bin/python3 -c "
+             "'import ringflow.launch.jobdir'", timeout=30)
+    caches = lambda: list((cache(host) / BUNDLE.name).rglob("__pycache__"))  # noqa: E731
+    assert caches()
+    again = ship_to(hook, host.address, BUNDLE)
+    assert (again.installed, again.replaced, caches()) == (False, "", [])
 
 
 def test_a_host_whose_sshd_offers_no_sftp_fails_the_ship_naming_it(netns_host):

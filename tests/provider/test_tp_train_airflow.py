@@ -2,8 +2,9 @@
 the `airflow` CLI (`tasks test`, `dags test`) on the run's Airflow home, their results read
 back from Airflow's metadata database (XCom, asset events, task states).
 
-Each CLI process carries an environment marker (TP_TEST_MARK) that the launcher and ranks
-inherit, so a test can check through /proc that none of them is left.
+Each CLI process carries an environment marker (RINGFLOW_TEST_MARK) that the launcher and ranks
+inherit (a RINGFLOW_* variable: local ranks keep those of the worker's environment), so a test
+can check through /proc that none of them is left.
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
+from tests.procs import marked_processes
 from tests.provider.conftest import REPO, VENV_BIN, wait_until
-from tests.provider.test_tp_train_operator import marked, shm_left
+from tests.provider.test_tp_train_operator import shm_left
 
 pytestmark = [pytest.mark.airflow, pytest.mark.multiproc]
 DAG_ID = "ringflow_tp_train"
@@ -34,11 +36,16 @@ def airflow(*args: str, mark: str, timeout: float = 180,
     """An `airflow` CLI command on the run's home. A DAG file of a test's own is read from its
     folder as the DAG folder: Airflow 3.3's `dags test -f` refuses a file outside the DAG
     folder's bundle."""
-    env = {**os.environ, "TP_TEST_MARK": mark, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "RINGFLOW_TEST_MARK": mark, "PYTHONPATH": str(REPO)}
     if dags_folder is not None:
         env["AIRFLOW__CORE__DAGS_FOLDER"] = str(dags_folder)
     return subprocess.run([str(VENV_BIN / "airflow"), *args], capture_output=True, text=True,
                           env=env, timeout=timeout)
+
+
+def marked(mark: str) -> list[int]:
+    """Live processes whose environment carries RINGFLOW_TEST_MARK=<mark>."""
+    return marked_processes("RINGFLOW_TEST_MARK", mark)
 
 
 def task_states(log: str) -> list[str]:
@@ -189,7 +196,8 @@ def test_a_dag_run_returns_the_summary_and_emits_the_asset_event(airflow_home, m
     # script starts and stops (the mark fixture checks that it is gone)
     shown = subprocess.run(
         [sys.executable, str(REPO / "scripts" / "demo_summary.py"), DAG_ID, "train"],
-        capture_output=True, text=True, timeout=240, env={**os.environ, "TP_TEST_MARK": mark})
+        capture_output=True, text=True, timeout=240,
+        env={**os.environ, "RINGFLOW_TEST_MARK": mark})
     assert shown.returncode == 0, (shown.stdout + shown.stderr)[-4000:]
     first = summary["loss_history"][0]
     assert shown.stdout.splitlines()[1:4] == [
@@ -267,8 +275,9 @@ def write_dag(folder: Path, dag_id: str, retries: int, **model_args) -> Path:
                             tensor_parallel_degree=2, checkpoint_every=8,
                             checkpoint_dir={str(folder / "ckpt")!r},
                             log_dir={str(folder / "logs")!r} + "/{{{{ ti.try_number }}}}",
-                            extra_env={{"RF_TEST_TRY": "{{{{ ti.try_number }}}}"}},
-                            retries={retries}, retry_delay=timedelta(0))
+                            extra_env={{"RF_TEST_TRY": "{{{{ ti.try_number }}}}",
+                                       "PYTHONPATH": {str(REPO)!r}}},
+                            allow_unsafe_env=True, retries={retries}, retry_delay=timedelta(0))
         """))
     return path
 
@@ -318,7 +327,7 @@ def test_killing_the_task_process_leaves_no_rank_and_no_segment(airflow_home, ma
     proc = subprocess.Popen(
         [str(VENV_BIN / "airflow"), "tasks", "test", DAG_ID, "train", "-t", json.dumps(conf)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env={**os.environ, "TP_TEST_MARK": mark, "PYTHONPATH": str(REPO)})
+        env={**os.environ, "RINGFLOW_TEST_MARK": mark, "PYTHONPATH": str(REPO)})
     seen = []
     try:
         for line in proc.stdout:

@@ -10,6 +10,8 @@ task process leave no process and no segment on any host; a retry resumes on eve
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -23,11 +25,13 @@ import pytest
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from ringflow.train.metrics import parse_train_line
+from ringflow_provider.exceptions import RingflowFolderException
 from ringflow_provider.operators.tp_train import TPTrainOperator
 from tests.provider import task_process
 from tests.provider.conftest import wait_until
 from tests.provider.contexts import TaskInstanceStub
 from tests.provider.deferral import execute_deferred, first_event, remake
+from tests.provider.job_folders import loosen, not_private
 from tests.provider.test_poprun_operator import RecordingLog
 
 pytestmark = [pytest.mark.ssh, pytest.mark.multiproc, pytest.mark.slow]
@@ -78,9 +82,16 @@ def serial_losses(tmp_path: Path, **spec) -> dict[int, float]:
 
 
 @pytest.mark.parametrize("launcher", ["ssh", "mpirun"])
-def test_two_hosts_train_like_one_process(two_hosts, tmp_path, launcher):
+def test_two_hosts_train_like_one_process(two_hosts, ns_hosts, tmp_path, launcher):
+    """Also: the job's folders are private on every host (0700 folders, 0600 files), the
+    state folder tightened from the 0755 it had before."""
+    states = [h.home / ".ringflow" / "jobs" for h in list(ns_hosts)[:2]]
+    for state in states[:2 if launcher == "ssh" else 1]:  # mpirun: a supervisor on the first
+        loosen(state)
     op = make(two_hosts, launcher=launcher)
     summary = op.execute(ctx(f"run-{uuid.uuid4().hex[:8]}"))
+    assert [not_private(state) if state.exists() else [] for state in states] == [[], []]
+    assert list(states[0].glob("*/try-1/status.json"))  # the first host's job folder
     hosts = two_hosts[0]
     assert (summary["world_size"], summary["mp_degree"], summary["dp_degree"]) == (4, 2, 2)
     assert summary["hosts"] == hosts and summary["steps"] == 10
@@ -122,6 +133,66 @@ def test_a_rank_failing_on_the_second_host_fails_the_task_naming_that_host(
     assert message.startswith("training failed: rank ") and f" on host {second} " in message
     assert "tp-hosts-data.npz" in message and "(not retried:" in message
     first.run(["rm", "-f", data])
+
+
+@pytest.mark.parametrize("launcher", ["ssh", "mpirun"])
+def test_a_folder_one_host_cannot_write_fails_before_any_agent_starts_naming_it(
+        two_hosts, ns_hosts, launcher):
+    """The second host's folder is immutable (chattr +i: the login is root, which ignores
+    modes); the check runs on every host before anything starts, not retried."""
+    first, second = list(ns_hosts)[:2]
+    folder = second.home / "immutable"
+    folder.mkdir(exist_ok=True)
+    subprocess.run(["chattr", "+i", str(folder)], check=True)
+    run = f"run-{uuid.uuid4().hex[:8]}"
+    try:
+        with pytest.raises(RingflowFolderException) as err:
+            make(two_hosts, launcher=launcher, checkpoint_dir="immutable/ckpt").execute(
+                ctx(run, max_tries=3))
+    finally:
+        subprocess.run(["chattr", "-i", str(folder)], check=True)
+    assert isinstance(err.value, AirflowFailException)
+    assert str(err.value) == (f"checking the job's folders failed: host {second.address!r}: "
+                              "checkpoint_dir immutable/ckpt is not writable: Operation not "
+                              "permitted")
+    assert not list((first.home / ".ringflow" / "runs" / "tp_hosts" / run).rglob("spec.json"))
+    assert not [h for h in (first.home / ".ringflow").rglob("handle.json")
+                if run in h.read_text()]  # no job folder of the run
+
+
+@pytest.mark.parametrize(("launcher", "how"), [("ssh", "symlink"), ("mpirun", "owner")])
+def test_a_state_folder_that_is_a_symlink_or_another_users_is_refused_naming_host_and_path(
+        two_hosts, ns_hosts, launcher, how):
+    """The job folders' state folder (.ringflow/jobs in the login's home) is a symlink to
+    another folder, or belongs to another user (uid 4242), on the host whose supervisor
+    starts there (mpirun: the first; ssh: the second, the first's part is then stopped):
+    nothing is written there, and the task fails at once (not retried)."""
+    host = list(ns_hosts)[1 if launcher == "ssh" else 0]
+    state, elsewhere = host.home / ".ringflow" / "jobs", host.home / "elsewhere"
+    kept = state.with_name("jobs.kept")
+    state.mkdir(parents=True, exist_ok=True)
+    state.rename(kept)
+    if how == "symlink":
+        elsewhere.mkdir(exist_ok=True)
+        state.symlink_to("/root/elsewhere")
+        said = "is a symlink"
+    else:
+        state.mkdir()
+        os.chown(state, 4242, 4242)
+        said = "is owned by uid 4242, not by this user (uid 0)"
+    try:
+        with pytest.raises(RingflowFolderException) as err:
+            make(two_hosts, launcher=launcher).execute(ctx(f"run-{uuid.uuid4().hex[:8]}",
+                                                           max_tries=3))
+        assert isinstance(err.value, AirflowFailException)
+        assert str(err.value) == (
+            f"starting the job failed: host {host.address!r}: .ringflow/jobs {said}: "
+            "ringflow keeps a job's folder only in real folders of its user")
+        assert list(elsewhere.rglob("*")) == [] and list(state.rglob("*")) == []
+    finally:
+        state.unlink() if state.is_symlink() else shutil.rmtree(state)
+        shutil.rmtree(elsewhere, ignore_errors=True)
+        kept.rename(state)
 
 
 def run_in_thread(op, context):
@@ -242,9 +313,14 @@ def test_a_rank_killed_on_the_second_host_mid_training_fails_the_task_within_15_
 
 
 @pytest.mark.parametrize("launcher", ["ssh", "mpirun"])
-def test_a_deferred_job_on_two_hosts_reports_as_an_attached_one(two_hosts, launcher):
+def test_a_deferred_job_on_two_hosts_reports_as_an_attached_one(two_hosts, ns_hosts,
+                                                                launcher):
     """The triggerer's watch (asyncssh to each host) logs the progress lines the attached
-    path logs, and execute_complete gives the same summary: the losses bitwise equal."""
+    path logs, and execute_complete gives the same summary: the losses bitwise equal. The
+    job's folders are private on every host."""
+    states = [h.home / ".ringflow" / "jobs" for h in list(ns_hosts)[:2]]
+    for state in states[:2 if launcher == "ssh" else 1]:  # mpirun: a supervisor on the first
+        loosen(state)
     run = f"run-{uuid.uuid4().hex[:8]}"
     attached = make(two_hosts, launcher=launcher).execute(ctx(run))
     trigger_log = RecordingLog()
@@ -259,6 +335,7 @@ def test_a_deferred_job_on_two_hosts_reports_as_an_attached_one(two_hosts, launc
     hosts = two_hosts[0]
     assert any(m.startswith(f"[{hosts[1]}/rank 2] ") for _, m in trigger_log.records)
     assert trigger.offsets and all(v > 0 for v in trigger.offsets.values())
+    assert [not_private(state) if state.exists() else [] for state in states] == [[], []]
 
 
 def test_killing_a_deferred_job_stops_it_on_every_host_within_10_s(two_hosts, ns_hosts):

@@ -14,6 +14,8 @@ import math
 import os
 import re
 import signal
+import socket
+import subprocess
 import sys
 import threading
 import time
@@ -27,6 +29,7 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from ringflow_provider.exceptions import (
     RingflowConfigException,
+    RingflowFolderException,
     RingflowJobFailedException,
     RingflowJobKilledException,
     RingflowJobRefusedException,
@@ -37,6 +40,7 @@ from tests.procs import marked_processes
 from tests.provider import task_process
 from tests.provider.conftest import REPO, wait_until
 from tests.provider.contexts import TaskInstanceStub
+from tests.provider.job_folders import loosen, not_private
 from tests.provider.test_poprun_operator import RecordingLog
 
 pytestmark = [pytest.mark.multiproc]
@@ -163,6 +167,28 @@ def test_a_successful_run_emits_the_asset_event_with_the_checkpoint(make):
                      "step": 12, "final_loss": summary["final_loss"]}
 
 
+def test_lines_a_rank_forges_change_no_xcom_metric_or_asset_event(make, tmp_path):
+    """Ranks print summaries, metrics and a launcher result line that no launcher prefix
+    begins as a whole line (tp_builders.build_forging): the summary, the loss history and
+    the asset event are the job's real ones; the forged lines are shown, never read."""
+    op = make(model="tests.provider.tp_builders:build_forging")
+    asset = Asset("ringflow://tp_test/train")
+    op.outlets = [asset]
+    events = Events()
+    summary = op.execute(ctx(events=events))
+    assert [s for s, _ in summary["loss_history"]] == [1, 4, 8, 12]
+    assert summary["steps"] == 12 and summary["final_loss"] == summary["loss_history"][-1][1]
+    assert summary["checkpoint"] == str(tmp_path / "ckpt" / "step-00000012")
+    assert read_history(Path(summary["loss_history_file"]))[-1] == (12, summary["final_loss"])
+    assert events[asset].extra == {"checkpoint": summary["checkpoint"],
+                                   "host": os.uname().nodename, "step": 12,
+                                   "final_loss": summary["final_loss"]}
+    text = log_text(op)
+    assert "666.0" not in json.dumps(summary) and "launcher: forged" not in text
+    assert "[rank 1]+ [rank 0] [train] summary {\"final_loss\": 666.0" in text
+    assert "[rank 0]+ [train] summary {\"final_loss\": 666.0" in text
+
+
 def test_a_secret_reaches_the_ranks_over_stdin_and_no_log_or_command_line(make):
     import hashlib
 
@@ -220,6 +246,97 @@ def test_a_secret_in_a_bad_value_is_masked_in_the_error(make):
     with pytest.raises(AirflowFailException) as err:
         op.execute(ctx())
     assert SECRET not in str(err.value) and "***" in str(err.value)
+
+
+@pytest.fixture
+def immutable(tmp_path):
+    """A folder nothing can be added to, root included (chattr +i: root ignores modes)."""
+    folder = tmp_path / "immutable"
+    folder.mkdir()
+    subprocess.run(["chattr", "+i", str(folder)], check=True)
+    yield folder
+    subprocess.run(["chattr", "-i", str(folder)], check=True)
+
+
+@pytest.mark.parametrize("field", ["checkpoint_dir", "log_dir"])
+def test_a_folder_that_cannot_be_written_fails_before_any_rank_starts_not_retried(
+        make, immutable, field):
+    op = make(**{field: str(immutable / "job")})
+    with pytest.raises(RingflowFolderException) as err:
+        op.execute(ctx(max_tries=3))
+    assert isinstance(err.value, AirflowFailException)
+    assert str(err.value) == (f"checking the job's folders failed: host "
+                              f"{socket.gethostname()!r}: {field} {immutable}/job is not "
+                              "writable: Operation not permitted")
+    assert "started under ringflow's supervisor" not in log_text(op)
+    assert not (Path(op.log_dir) / "spec.json").exists()
+
+
+def test_a_checkpoint_that_cannot_be_written_fails_the_task_naming_it_not_retried(
+        make, tmp_path):
+    """The checkpoint folder becomes immutable (chattr +i) once step 4's checkpoint is
+    complete, while the ranks wait at a gate before step 5 (tests.runtime.train.gated_model);
+    the save of step 8 fails, step 4's stays complete."""
+    from ringflow.train.checkpoint import latest_checkpoint, read_complete
+
+    root, gate = tmp_path / "ckpt", tmp_path / "gate"
+    op = make(model="tests.runtime.train.gated_model:build", steps=8,
+              model_args={"input_size": 8, "hidden_size": 16, "num_classes": 4,
+                          "gate": str(gate), "gate_step": 4})
+
+    def break_the_folder():
+        wait_until(lambda: read_complete(str(root), 4) is not None, 60, "step 4's checkpoint")
+        subprocess.run(["chattr", "+i", str(root)], check=True)
+        gate.touch()
+
+    breaker = threading.Thread(target=break_the_folder, daemon=True)
+    breaker.start()
+    try:
+        with pytest.raises(RingflowJobRefusedException) as err:
+            op.execute(ctx(max_tries=3))
+    finally:
+        breaker.join(60)
+        subprocess.run(["chattr", "-i", str(root)], check=True)
+    assert isinstance(err.value, AirflowFailException) and err.value.exit_code == 4
+    message = str(err.value)
+    assert f"the checkpoint of step 8 could not be written to {root}/step-00000008: " \
+           "Operation not permitted; last good checkpoint: " in message
+    assert message.endswith("(not retried: a checkpoint could not be written (permission, "
+                            "disk full); the previous checkpoint is intact)")
+    assert latest_checkpoint(str(root)).step == 4
+
+
+@pytest.mark.parametrize("deferrable", [False, True])
+def test_the_job_folder_is_private_attached_and_detached(make, monkeypatch, tmp_path,
+                                                         deferrable):
+    """Folders 0700, files 0600, the state folder tightened from the 0755 it had."""
+    from tests.provider.deferral import execute_deferred
+
+    monkeypatch.setenv("RINGFLOW_HOME", str(tmp_path / "home"))
+    loosen(tmp_path / "home" / "jobs")
+    args = dict(steps=4, deferrable=deferrable, poll_interval=0.5)
+    if deferrable:
+        summary, _ = execute_deferred(make(**args), ctx(), lambda: make(**args))
+    else:
+        summary = make(**args).execute(ctx())
+    assert summary["steps"] == 4
+    assert not_private(tmp_path / "home" / "jobs") == []
+    assert [p.name for p in (tmp_path / "home" / "jobs").glob("*/try-1/status.json")] == [
+        "status.json"]
+
+
+def test_a_state_folder_that_is_a_symlink_is_refused_before_the_job_starts(
+        make, monkeypatch, tmp_path):
+    monkeypatch.setenv("RINGFLOW_HOME", str(tmp_path / "home"))
+    (tmp_path / "home").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "home" / "jobs").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(RingflowFolderException) as err:
+        make().execute(ctx(max_tries=3))
+    assert str(err.value) == (
+        f"starting the job failed: host {socket.gethostname()!r}: {tmp_path}/home/jobs is a "
+        "symlink: ringflow keeps a job's folder only in real folders of its user")
+    assert list((tmp_path / "elsewhere").iterdir()) == []
 
 
 def run_in_thread(op, context):

@@ -26,7 +26,14 @@ from pathlib import Path
 import pytest
 
 from ringflow.errors import ConfigError
-from ringflow.launch.openmpi import EXIT_LINE, INSTANCE_SH, RANK_EXIT_LINE, OutputJoiner
+from ringflow.launch.lines import Line
+from ringflow.launch.openmpi import (
+    EXIT_LINE,
+    EXIT_NONCE_VAR,
+    INSTANCE_SH,
+    RANK_EXIT_LINE,
+    OutputJoiner,
+)
 from ringflow.poprun import PopRunJob, mpirun_argv, parse_poprun_args
 from ringflow.poprun.args import HelpRequested
 from ringflow_provider.poprun import build_poprun_argv, parse_config
@@ -158,25 +165,31 @@ def test_one_app_context_per_instance_on_its_host_with_its_env():
 
 
 def test_the_instance_sh_reports_its_programs_exit_code_and_time_and_exits_with_it():
+    """... with the job's exit nonce, which the program itself never sees."""
     done = subprocess.run(["sh", "-c", INSTANCE_SH, "x", sys.executable, "-c",
-                           "import sys; print('out'); sys.exit(6)"],
+                           "import os, sys; print(os.environ.get('RINGFLOW_EXIT_NONCE')); "
+                           "sys.exit(6)"], env={**os.environ, EXIT_NONCE_VAR: "n0nce"},
                           capture_output=True, text=True, timeout=30)
-    assert done.returncode == 6 and done.stdout == "out\n"
+    assert done.returncode == 6 and done.stdout == "None\n"
     reported = EXIT_LINE.match(done.stderr.strip())
-    assert reported and reported.group(1) == "6"
-    assert abs(float(reported.group(2)) - time.time()) < 60
+    assert reported and reported.group(1) == "n0nce" and reported.group(2) == "6"
+    assert abs(float(reported.group(3)) - time.time()) < 60
 
 
 def test_the_first_failure_by_the_instances_clocks_wins_over_mpiruns_order():
     """mpirun names instance 0 (beside it) first; instance 3 (remote) ended 40 ms earlier."""
     job = PopRunJob(parse_poprun_args(["--num-instances=4", "--host=a,b", "p"]),
                     stdout=io.StringIO(), stderr=io.StringIO())
-    emit = job._emitter("stderr", job.stderr)
-    emit(0, "ringflow-poprun-exit 1 1000.050")
+    joined_line = job._emitter("stderr", job.stderr)
+
+    def emit(index: int | None, text: str) -> None:  # whole lines, as OutputJoiner passes them
+        joined_line(index, Line(text.replace("NONCE", job._exit_nonce), True))
+
+    emit(0, "ringflow-poprun-exit NONCE 1 1000.050")
     emit(None, "  Process name: [[77,1],0]")
     emit(None, "  Exit code:    1")
-    emit(3, "ringflow-poprun-exit 3 1000.010")
-    emit(1, "ringflow-poprun-exit 0 1000.000")
+    emit(3, "ringflow-poprun-exit NONCE 3 1000.010")
+    emit(1, "ringflow-poprun-exit NONCE 0 1000.000")
     assert job._first_failure(1) == 3
     job._close_output()
     assert job.stdout.getvalue() == ("ringflow-poprun: instance 3 on b failed first with "
@@ -235,6 +248,20 @@ def test_untagged_lines_are_mpiruns_own_empty_lines_included():
 def test_a_line_cut_off_by_the_end_of_the_stream_is_still_emitted():
     assert joined([b"[1,0]<stdout>:no newline", b""]) == [(0, "no newline")]
     assert joined([b"[1,0]<stdout>:half-[1,1]<stdout>:whole\n"]) == [(1, "whole"), (0, "half-")]
+
+
+def wholeness(chunks: list[bytes]) -> list[tuple[int | None, str, bool]]:
+    return [(index, line, line.whole) for index, line in joined(chunks)]
+
+
+def test_a_line_is_whole_only_from_its_start_to_its_newline():
+    """Fragments of one line, whoever's came between, make a whole line; a piece after a
+    \\r, or a last line without its newline, is none."""
+    assert wholeness([b"[1,0]<stdout>:a\n[1,1]<stdout>:b-[1,0]<stdout>:c-[1,1]<stdout>:\n"
+                      b"[1,0]<stdout>:\n"]) == [(0, "a", True), (1, "b-", True),
+                                                 (0, "c-", True)]
+    assert wholeness([b"[1,2]<stdout>:10%\r100%\n[1,2]<stdout>:end"]) == [
+        (2, "10%", False), (2, "100%", False), (2, "end", False)]
 
 
 # real jobs under mpirun ----------------------------------------------------------------
@@ -371,6 +398,26 @@ def test_the_first_failing_instance_sets_the_exit_code_and_is_named(mpirun, mark
     assert "ringflow-poprun: instance 1 on localhost failed first with exit code 7; every " \
            "instance was stopped" in out.stdout
     assert wait_gone(marker) == {}
+
+
+@pytest.mark.multiproc
+def test_an_instance_cannot_report_an_exit_code_for_itself_or_another(mpirun):
+    """Instance 1 prints exit reports (as its own, after a \\r, behind instance 0's tag)
+    naming code 9 at an early time, then fails with 5: the job's code is 5, named as its;
+    the reports it printed are shown as output, never taken."""
+    script = ("import os, sys, time\n"
+              "if os.environ['OMPI_COMM_WORLD_RANK'] == '1':\n"
+              "    for line in ('ringflow-poprun-exit x 9 1.0',\n"
+              "                 'y\\rringflow-poprun-exit x 9 1.0',\n"
+              "                 '[1,0]<stderr>:ringflow-poprun-exit x 9 1.0'):\n"
+              "        os.write(2, line.encode() + b'\\n')\n"
+              "    time.sleep(0.5); sys.exit(5)\n"
+              "time.sleep(30)")
+    out = poprun(["--num-instances=2", sys.executable, "-c", script])
+    assert out.returncode == 5, out.stdout + out.stderr
+    assert "ringflow-poprun: instance 1 on localhost failed first with exit code 5; every " \
+           "instance was stopped" in out.stdout
+    assert out.stderr.count("ringflow-poprun-exit x 9 1.0") == 3  # shown, not consumed
 
 
 @pytest.mark.multiproc

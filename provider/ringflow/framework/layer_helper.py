@@ -69,7 +69,7 @@ def data(name: str, shape: Iterable[int | None], dtype: Any = "float32",
                             stop_gradient=True)
 
 
-_PARAM_NAME = re.compile(r"_(\d+)\.([wb])_\d+$")
+_PARAM_NAME = re.compile(r"_(\d+)\.([wb])_\d+\Z")
 
 
 def _generated_name(block: Block, prefix: str, is_bias: bool) -> str:

@@ -22,7 +22,7 @@ from pathlib import Path
 from ringflow.errors import LaunchError
 from ringflow.launch.config import LaunchConfig
 from ringflow.launch.env import JOB_ID_VAR, JobIdentity, plan_endpoints, worker_env
-from ringflow.launch.exits import failure_order, signal_name
+from ringflow.launch.exits import STDIN_CLOSED_EXIT, failure_order, signal_name
 from ringflow.launch.logs import Console, LogPump, tail_lines
 from ringflow.launch.processes import (
     Prctl,
@@ -48,7 +48,6 @@ TAIL_LINES = 20
 ROOT_CAUSE_GRACE_S = 0.5
 EXITING_WAIT_S = 5.0  # ... and for a rank that reported it began to exit to end
 PUMP_REPORT_S = 0.2
-STDIN_CLOSED_EXIT = 128 + signal.SIGHUP  # the side that started us hung up
 
 
 @dataclass

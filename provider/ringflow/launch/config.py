@@ -21,7 +21,7 @@ MAX_NPROC_PER_HOST = 1024
 DEFAULT_GRACE_S = 5.0
 DEFAULT_STDIN_TIMEOUT_S = 30.0
 # A host name per RFC 1123 (labels of letters, digits and inner hyphens) or a dotted IPv4.
-_MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+_MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\Z")
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,12 @@ JOB_TOKEN_VAR = "RINGFLOW_JOB_TOKEN"
 THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 UPDATE_THREADS_VAR = "RINGFLOW_NUM_THREADS"
 BLAS_TIMEOUT_VAR, BLAS_TIMEOUT = "OPENBLAS_THREAD_TIMEOUT", "18"
+#: what ranks started on this host by a process with secrets of its own (an Airflow worker:
+#: its AIRFLOW__* settings, its AIRFLOW_CONN_* connections) keep of that process's
+#: environment: the system's basics and ringflow's own settings (RINGFLOW_HOME, ...); the
+#: launcher adds the contract's variables, the job its extra and secret variables
+BASE_VARS = ("PATH", "HOME", "LANG", "TMPDIR")
+BASE_PREFIXES = ("LC_", "RINGFLOW_")
 
 
 @dataclass(frozen=True)
@@ -49,6 +55,13 @@ def resolve_identity(environ: Mapping[str, str]) -> tuple[JobIdentity, str | Non
         warning = (f"{present} is set but {missing} is not; using a new job id and token, "
                    "so this agent cannot join other hosts' agents")
     return JobIdentity(secrets.token_hex(6), secrets.token_hex(32)), warning
+
+
+def minimal_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The part of `environ` a local job's processes start from (`BASE_VARS`,
+    `BASE_PREFIXES`)."""
+    return {name: value for name, value in environ.items()
+            if name in BASE_VARS or name.startswith(BASE_PREFIXES)}
 
 
 def plan_endpoints(config: LaunchConfig) -> list[str]:

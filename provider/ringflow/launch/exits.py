@@ -1,14 +1,48 @@
 """How a process ended, in words, and which of several failures came first: the one wording
 and the one rule that the launcher agent, the mpirun job, ringflow-poprun and the provider
-report with.
+report with; and the one table of the exit codes ringflow's own processes end with.
 """
 
 from __future__ import annotations
 
 import signal
 
-__all__ = ["describe_exit", "describe_signal", "failure_order", "shell_exit_code",
-           "signal_name"]
+__all__ = ["EXIT_CHECKPOINT", "EXIT_CODES", "EXIT_CONFIG", "EXIT_ERROR", "EXIT_NONFINITE",
+           "EXIT_OK", "FOLDER_REFUSED_EXIT", "LOST_EXIT", "NOT_RETRIED", "RUNNING_EXIT",
+           "SETUP_EXIT", "STDIN_CLOSED_EXIT", "describe_exit", "describe_signal",
+           "failure_order", "shell_exit_code", "signal_name"]
+
+# A rank of a training job (`python -m ringflow.train`), and the launcher agent after it
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_CONFIG = 2
+EXIT_NONFINITE = 3
+EXIT_CHECKPOINT = 4
+# A host command of the provider's launchers, the launcher agent, the supervisor's `follow`
+FOLDER_REFUSED_EXIT = 96
+SETUP_EXIT = 97
+RUNNING_EXIT = 98
+STDIN_CLOSED_EXIT = 128 + signal.SIGHUP
+LOST_EXIT = 255
+
+#: every exit code ringflow's own processes choose, and what it means (above 128 a shell's
+#: code for a signal: `describe_exit`)
+EXIT_CODES = {
+    EXIT_OK: "trained (or nothing was left to train)",
+    EXIT_ERROR: "another ringflow error (a peer died, a collective timed out, ...)",
+    EXIT_CONFIG: "the job spec or checkpoint was refused",
+    EXIT_NONFINITE: "the loss became NaN or inf",
+    EXIT_CHECKPOINT: "a checkpoint could not be written (permission, disk full); the "
+                     "previous checkpoint is intact",
+    FOLDER_REFUSED_EXIT: "a job folder or state folder is a symlink or another user's",
+    SETUP_EXIT: "a host command could not set up (no home, a folder, the secrets file)",
+    RUNNING_EXIT: "a job of this task try still runs",
+    STDIN_CLOSED_EXIT: "the launcher agent stopped its ranks: the side that started it hung "
+                       "up (its stdin ended)",
+    LOST_EXIT: "the job's supervisor vanished without saying how the job ended",
+}
+#: a rank's exit codes that a retry of the task cannot fix
+NOT_RETRIED = (EXIT_CONFIG, EXIT_NONFINITE, EXIT_CHECKPOINT)
 
 _MAX_SIGNAL = 64  # Linux's last real-time signal; a shell's 128+N is a signal only up to it
 

@@ -21,15 +21,16 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import json
 import os
-import re
 import shlex
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ringflow.launch.lines import LinePieces
 from ringflow.secrets import MIN_MASKED_LEN  # shorter values are not replaced anywhere
 
 OUTPUT, STATUS, LEASE, LOCK, STOP, OWN_LOG = (
@@ -41,8 +42,6 @@ STARTING, RUNNING, STOPPING, ENDED = "starting", "running", "stopping", "ended"
 LOST = "lost"
 PEEK_SEPARATOR = "\x1e--ringflow-peek--\x1e"
 STDERR_MARK = b"\x1d"
-MAX_PENDING = 1 << 20  # a line longer than this is written in pieces
-_LINE_ENDS = re.compile(rb"(?<=\n)|(?<=\r)(?!\n)")
 
 
 def make_dir(path: Path) -> Path:
@@ -73,49 +72,51 @@ MASK = b"***"
 
 class OutputWriter:
     """The command's stdout and stderr into output.log (an O_APPEND descriptor) as whole
-    lines, so the two streams never split each other's lines, stderr lines marked, and the
-    job's secret values (`secrets`) replaced by *** : no secret is written to the folder even
-    when the job prints one."""
+    lines cut by the one line rule (`ringflow.launch.lines`: a line ends at a newline or a
+    carriage return, one longer than MAX_LINE_BYTES is written in pieces, so at most that
+    much of a stream waits for its line's end), so the two streams never split each other's
+    lines; every byte kept, stderr lines marked, and the job's secret values (`secrets`)
+    replaced by *** : no secret is written to the folder even when the job prints one."""
 
     def __init__(self, fd: int, secrets: list[str] | tuple[str, ...] = ()) -> None:
         self.fd = fd
         self._secrets = sorted({s.encode() for s in secrets if len(s) >= MIN_MASKED_LEN},
                                key=len, reverse=True)
-        self._pending = {"stdout": bytearray(), "stderr": bytearray()}
         self._at_line_start = {"stdout": True, "stderr": True}
+        self._out = bytearray()  # what one feed writes, in one write
+        self._lines = {stream: LinePieces(on_piece=functools.partial(self._piece, stream),
+                                          on_crlf_rest=functools.partial(self._out.extend,
+                                                                         b"\n"))
+                       for stream in ("stdout", "stderr")}
 
     def feed(self, stream: str, data: bytes) -> None:
-        pending = self._pending[stream]
-        pending += data
-        end = max(pending.rfind(b"\n"), pending.rfind(b"\r"))
-        if end >= 0:
-            self._write(stream, bytes(pending[:end + 1]))
-            del pending[:end + 1]
-        if len(pending) > MAX_PENDING:
-            self._write(stream, bytes(pending))
-            pending.clear()
+        self._lines[stream].feed(data)
+        self._write()
 
     def flush(self) -> None:
         """The streams ended: what is pending is written (output.log's last line may then
         lack its newline until the supervisor ends it)."""
-        for stream, pending in self._pending.items():
-            if pending:
-                self._write(stream, bytes(pending))
-                pending.clear()
+        for lines in self._lines.values():
+            lines.flush()
+        self._write()
 
-    def _write(self, stream: str, chunk: bytes) -> None:
-        if stream == "stderr":
-            pieces = [p for p in _LINE_ENDS.split(chunk) if p]
-            marked = bytearray()
-            for piece in pieces:
-                if self._at_line_start[stream]:
-                    marked += STDERR_MARK
-                marked += piece
-                self._at_line_start[stream] = piece.endswith((b"\n", b"\r"))
-            chunk = bytes(marked)
+    @property
+    def pending_bytes(self) -> int:
+        """Bytes held for lines not yet ended."""
+        return sum(lines.pending_bytes for lines in self._lines.values())
+
+    def _piece(self, stream: str, data: bytes, ending: bytes, _whole: bool) -> None:
+        chunk = data + ending
+        if stream == "stderr" and self._at_line_start[stream]:
+            chunk = STDERR_MARK + chunk
+        self._at_line_start[stream] = bool(ending)
         for secret in self._secrets:
             chunk = chunk.replace(secret, MASK)
-        view = memoryview(chunk)
+        self._out += chunk
+
+    def _write(self) -> None:
+        view = memoryview(bytes(self._out))
+        self._out.clear()
         while view:
             view = view[os.write(self.fd, view):]
 

@@ -1,6 +1,15 @@
 """Worker output: each rank's pipe copied to DIR/workerlog.<rank> and, line by line with a
 `[rank N] ` prefix, to the launcher's stdout; plus the tail of a log for failure reports.
 
+Lines are cut by the one line rule (`ringflow.launch.lines`): a line ends at `\\n`, `\\r\\n` or
+a lone `\\r`, and one longer than MAX_LINE_BYTES goes to the console in pieces (the log file
+keeps it whole), so a worker printing without newlines cannot make the launcher buffer
+without bound. A piece that is not a whole line (after a `\\r`, a long line's continuation, a
+last line without its newline) goes out as `[rank N]+ ...`: only a whole line carries the
+rank's own prefix, so a rank cannot print a line that reads as the launcher's or as another
+rank's, or a machine line it did not print whole; and no Open MPI tag it printed reaches
+the console as one (`untag`).
+
 One lock guards the console and every line goes out in one write followed by a flush, so
 lines of different ranks never interleave mid-line.
 """
@@ -12,10 +21,15 @@ from collections import deque
 from pathlib import Path
 from typing import BinaryIO
 
-# A line longer than MAX_LINE_BYTES is forwarded to the console in pieces (the log file keeps
-# it whole), so a worker printing without newlines cannot make the launcher buffer without
-# bound.
-from ringflow.launch.lines import MAX_LINE_BYTES
+from ringflow.launch.lines import PARTIAL_MARK, LinePieces
+from ringflow.launch.openmpi import TAG
+
+
+def untag(line: bytes) -> bytes:
+    """`line` with every Open MPI tag in it (`[1,0]<stdout>:`, as a rank may print one)
+    spelled `[1,0] <stdout>:`: under mpirun, Open MPI tags the launcher's lines, and a tag in
+    one would hand the rest of the line to another process (`openmpi.OutputJoiner`)."""
+    return TAG.sub(lambda found: found[0].replace(b"]<", b"] <", 1), line)
 
 
 class Console:
@@ -27,6 +41,7 @@ class Console:
         self._broken = False
 
     def write_line(self, prefix: bytes, line: bytes) -> None:
+        line = untag(line)
         if not line.endswith(b"\n"):
             line += b"\n"
         with self._lock:
@@ -72,27 +87,31 @@ class LogPump(threading.Thread):
         self._pipe = pipe
         self._console = console
         self._prefix = f"[rank {rank}] ".encode()
+        self._partial_prefix = f"[rank {rank}]{PARTIAL_MARK} ".encode()
         self.began_exit_at: float | None = None  # the worker's own report (unix time)
         self.after_peer_failure = False  # ... saying it saw a peer fail before
         self._log = open(log_path, "wb")  # noqa: SIM115 - closed when the pipe ends
+        self.lines = LinePieces(on_piece=self._piece,
+                                on_crlf_rest=lambda: self._log.write(b"\n"))
 
     def run(self) -> None:
         try:
-            while True:
-                chunk = self._pipe.readline(MAX_LINE_BYTES)
-                if not chunk:
-                    break
-                if chunk.startswith(EXIT_TIME_PREFIX):
-                    report = _exit_report(chunk)
-                    if report is not None:  # for the launcher, not for people
-                        self.began_exit_at, self.after_peer_failure = report
-                        continue
-                self._log.write(chunk)
+            while data := self._pipe.read1(1 << 16):
+                self.lines.feed(data)
                 self._log.flush()
-                self._console.write_line(self._prefix, chunk)
+            self.lines.flush()
         finally:
             self._log.close()
             self._pipe.close()
+
+    def _piece(self, data: bytes, ending: bytes, whole: bool) -> None:
+        if whole and data.startswith(EXIT_TIME_PREFIX):
+            report = _exit_report(data)
+            if report is not None:  # for the launcher, not for people
+                self.began_exit_at, self.after_peer_failure = report
+                return
+        self._log.write(data + ending)
+        self._console.write_line(self._prefix if whole else self._partial_prefix, data)
 
 
 def tail_lines(path: Path, count: int, max_bytes: int = 256 * 1024) -> list[str]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import secrets as token_source
 import signal
 import subprocess
 import sys
@@ -26,8 +27,10 @@ from ringflow.launch.env import JOB_ID_VAR, JOB_TOKEN_VAR, resolve_identity
 from ringflow.launch.exits import describe_exit, describe_signal, failure_order, shell_exit_code
 from ringflow.launch.leftovers import ancestors, job_processes, stop_processes
 from ringflow.launch.line_writer import LineWriter
+from ringflow.launch.lines import PARTIAL_MARK, Line
 from ringflow.launch.openmpi import (
     EXIT_LINE,
+    EXIT_NONCE_VAR,
     FAILED_CODE,
     FAILED_RANK,
     RANK_EXIT_LINE,
@@ -110,6 +113,7 @@ class MpirunJob:
         self._stop_code = 0
         self._out = LineWriter(stopping=lambda: self._stop_cause is not None)
         self._token = ""
+        self._exit_nonce = token_source.token_hex(16)  # what a real exit report carries
         self._mpirun_said: list[str] = []
         self._watchdog: WatchdogClient | None = None
         self._exits: list[tuple[float, int, int]] = []  # (time, index, exit code)
@@ -137,22 +141,26 @@ class MpirunJob:
         only = self.only_output_from
 
         def emit(index: int | None, line: str) -> None:
-            if index is not None and name == "stderr" and self._exit_report(index, line):
+            whole = isinstance(line, Line) and line.whole
+            if index is not None and name == "stderr" and whole and \
+                    self._exit_report(index, line):
                 return
             if index is None:
                 if name == "stderr":
                     self._mpirun_said.append(line)
                 self._out.write(stream, line)
             elif only is None or index == only:
-                self._out.write(stream, f"[1,{index}]<{name}>:{line}")
+                # a piece that is no whole line is marked, so no reader takes it for one
+                mark = "" if whole else PARTIAL_MARK
+                self._out.write(stream, f"[1,{index}]<{name}>{mark}:{line}")
 
         return emit
 
     def _exit_report(self, index: int, line: str) -> bool:
         """Record a line that reports an exit (for us, not for people); False if not one."""
         reported = EXIT_LINE.match(line)
-        if reported:  # the process's sh: exit code and time
-            self._exits.append((float(reported.group(2)), index, int(reported.group(1))))
+        if reported and reported.group(1) == self._exit_nonce:  # its sh: exit code and time
+            self._exits.append((float(reported.group(3)), index, int(reported.group(2))))
             return True
         began = RANK_EXIT_LINE.match(line)
         if began:  # a ringflow worker about to close its rings
@@ -191,6 +199,7 @@ class MpirunJob:
         # SSH instead, and mpirun never has them
         secrets = {name: env[name] for name in self.plan.secrets if name in env}
         secrets[JOB_TOKEN_VAR] = identity.token
+        secrets[EXIT_NONCE_VAR] = self._exit_nonce
         drop = SecretDrop(self.plan.ranks_by_host(), secrets, env, identity.job_id)
         env = {name: value for name, value in env.items() if name not in secrets}
         try:

@@ -16,12 +16,13 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ringflow.launch.env import JOB_ID_VAR, JOB_TOKEN_VAR
-from ringflow.launch.lines import MAX_LINE_BYTES, BoundedLines
+from ringflow.launch.exits import SETUP_EXIT
+from ringflow.launch.lines import MAX_LINE_BYTES, Line, LinePieces
 from ringflow.launch.secret_drop import SECRETS_DIR_VAR
 
-__all__ = ["EXIT_LINE", "INSTANCE_SH", "RANK_EXIT_LINE", "AppContext", "MpirunPlan",
-           "OutputJoiner", "base_argv", "context_argv", "exported_names", "exported_values",
-           "mpirun_argv", "one_per_host_argv"]
+__all__ = ["EXIT_LINE", "EXIT_NONCE_VAR", "INSTANCE_SH", "RANK_EXIT_LINE", "AppContext",
+           "MpirunPlan", "OutputJoiner", "base_argv", "context_argv", "exported_names",
+           "exported_values", "mpirun_argv", "one_per_host_argv"]
 
 # Exported from the job's own environment to every process, as poprun does, when set; the
 # job's id too (a bare `-x NAME`: mpirun exports its own value). The job's token and the
@@ -43,13 +44,19 @@ INSTANCE_NAME = "ringflow-poprun-instance"  # the sh's $0
 SECRETS_SH = ('if [ -n "$RINGFLOW_SECRETS_DIR" ]; then '
               'f="$RINGFLOW_SECRETS_DIR/$OMPI_COMM_WORLD_RANK"; '
               'if [ ! -r "$f" ]; then echo "ringflow: no secrets file $f on $(hostname)" >&2; '
-              'exit 97; fi; . "$f"; rm -f "$f"; unset f; fi; unset RINGFLOW_SECRETS_DIR; ')
-INSTANCE_SH = (SECRETS_SH + '"$@"; code=$?; printf "%s %s %s\\n" ' + EXIT_MARK +
-               ' "$code" "$(date +%s.%N)" >&2; exit "$code"')
-EXIT_LINE = re.compile(rf"^{EXIT_MARK} (\d+) (\d+(?:\.\d+)?)$")
+              f'exit {SETUP_EXIT}; fi; . "$f"; rm -f "$f"; unset f; fi; '
+              'unset RINGFLOW_SECRETS_DIR; ')
+# The report carries the job's exit nonce (delivered with the secrets, taken out of the
+# environment before the program starts): a program printing a report line of its own cannot
+# know it, so cannot name its exit code or time.
+EXIT_NONCE_VAR = "RINGFLOW_EXIT_NONCE"
+INSTANCE_SH = (SECRETS_SH + f'n="${{{EXIT_NONCE_VAR}:-}}"; unset {EXIT_NONCE_VAR}; '
+               '"$@"; code=$?; printf "%s %s %s %s\\n" ' + EXIT_MARK +
+               ' "$n" "$code" "$(date +%s.%N)" >&2; exit "$code"')
+EXIT_LINE = re.compile(rf"^{EXIT_MARK} (\S+) (\d+) (\d+(?:\.\d+)?)\Z")
 # A ringflow worker's own line, printed as it begins to exit, before its rings close (so
 # before any peer can fail because of it): with RINGFLOW_REPORT_EXIT_TIME=1 in its env.
-RANK_EXIT_LINE = re.compile(r"^ringflow-exit-time (\d+(?:\.\d+)?)( after-peer-failure)?$")
+RANK_EXIT_LINE = re.compile(r"^ringflow-exit-time (\d+(?:\.\d+)?)( after-peer-failure)?\Z")
 # mpirun's own report of the first failure (Open MPI 4 and 5).
 FAILED_RANK = re.compile(r"Process name:\s*\[\[\d+,\d+\],(\d+)\]")
 FAILED_CODE = re.compile(r"Exit code:\s*(-?\d+)")
@@ -187,6 +194,17 @@ _TAG_START = re.compile(rb"\[\d*(?:,\d*(?:\](?:<\w*>?)?)?)?\Z")
 _TAG_MAX = 64
 
 
+class _ProcessLines(LinePieces):
+    """The lines of one process (or of mpirun itself) in mpirun's stream, each a `Line`."""
+
+    def __init__(self, emit: Callable[[Line], None], max_line: int) -> None:
+        super().__init__(max_line)
+        self._emit_line = emit
+
+    def piece(self, data: bytes, ending: bytes, start: bool) -> None:
+        self._emit_line(Line(data.decode("utf-8", "replace"), self.is_whole(ending, start)))
+
+
 class OutputJoiner:
     """Whole lines out of one of mpirun's streams, in bounded memory.
 
@@ -194,19 +212,26 @@ class OutputJoiner:
     a line written in two pieces arrives as two tagged fragments, with other processes'
     lines possibly between them. So text after a tag, up to the next tag or mpirun's next
     `\\n`, is that process's; text before a line's first tag is mpirun's own. Each one's
-    text goes through its own `BoundedLines`: a line ends at `\\n`, `\\r\\n` or a lone `\\r`,
-    and one longer than `max_line` is passed on in pieces. `emit(index or None, line)` gets
-    each line (without its ending), decoded.
+    text goes through its own `LinePieces` (`ringflow.launch.lines`: a line ends at `\\n`,
+    `\\r\\n` or a lone `\\r`, one longer than `max_line` comes in pieces). `emit(index or
+    None, line)` gets each line as a `Line`, decoded, without its ending.
+
+    Open MPI does not escape a tag that a process prints itself, and a process's line often
+    comes in two fragments (Open MPI 4.1 may tag its newline apart) with another process's
+    between them, so a tag in mid-line cannot be told from a printed one. What is read from
+    these lines for machines is safe all the same: a ringflow agent writes no tag its ranks
+    printed (`ringflow.launch.logs.untag`), and an instance's exit report carries the job's
+    nonce (EXIT_NONCE_VAR).
     """
 
     def __init__(self, emit: Callable[[int | None, str], None],
                  max_line: int = MAX_LINE_BYTES) -> None:
         self._emit = emit
         self._max = max_line
-        self._lines: dict[int | None, BoundedLines] = {}
+        self._lines: dict[int | None, _ProcessLines] = {}
         self._owner: int | None = None  # whose text mpirun's stream carries now
         self._held = b""  # the start of a tag that the end of a read cut off
-        self._open = False  # bytes came since mpirun's last `\n`
+        self._open = False  # bytes came since mpirun's last `\\n`
 
     def feed(self, data: bytes) -> None:
         data = self._held + data
@@ -223,13 +248,18 @@ class OutputJoiner:
         self._text(data[pos:])
 
     def close(self) -> None:
-        """End of stream: what is pending is emitted as if its newline had come."""
+        """End of stream: what is pending is emitted (a line without its newline: no whole
+        line)."""
         self._text(self._held)
         self._held = b""
-        if self._open:
-            self._end_line()
-        for owner in sorted(index for index in self._lines if index is not None):
+        self._owner, self._open = None, False
+        for owner in sorted(self._lines, key=lambda index: -1 if index is None else index):
             self._lines[owner].flush()
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes held for lines not yet ended (what bounds the joiner's memory)."""
+        return len(self._held) + sum(lines.pending_bytes for lines in self._lines.values())
 
     @staticmethod
     def _hold_from(data: bytes) -> int:
@@ -251,10 +281,10 @@ class OutputJoiner:
         self._of(self._owner).feed(b"\n")
         self._owner, self._open = None, False
 
-    def _of(self, owner: int | None) -> BoundedLines:
+    def _of(self, owner: int | None) -> _ProcessLines:
         lines = self._lines.get(owner)
         if lines is None:
-            def emit(raw: bytes) -> None:
-                self._emit(owner, raw.decode("utf-8", "replace"))
-            lines = self._lines[owner] = BoundedLines(emit, self._max)
+            def emit(line: Line) -> None:
+                self._emit(owner, line)
+            lines = self._lines[owner] = _ProcessLines(emit, self._max)
         return lines

@@ -22,7 +22,7 @@ from ringflow.errors import ConfigError
 STDIN_FD = 0
 DEFAULT_TIMEOUT_S = 30.0
 MAX_LINE_BYTES = 1 << 20
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 _EXPECTED = 'one line of JSON object text, e.g. {"RINGFLOW_JOB_TOKEN": "..."} or {}'
 
 

@@ -30,7 +30,7 @@ from typing import NoReturn
 
 from ringflow.errors import ConfigError
 from ringflow.launch import jobdir
-from ringflow.launch.exits import describe_exit
+from ringflow.launch.exits import LOST_EXIT, describe_exit
 from ringflow.launch.processes import (
     Prctl,
     describe_returncode,
@@ -54,7 +54,6 @@ LEASE_CHECK_S = 1.0
 DRAIN_S = 5.0            # after the command exits: how long a descendant may hold its pipe
 KILL_WAIT_S = 5.0
 _READ_BYTES = 1 << 16
-LOST_EXIT = 255          # `follow`'s exit code when the supervisor vanished
 RENEW_S = 1.0            # `follow --renew`: how often
 
 

@@ -37,7 +37,7 @@ from ringflow.launch.shm import sweep_job_segments
 
 KILL_WAIT_S = 5.0  # after SIGKILL a process ends at once unless it is inside the kernel
 POLL_S = 0.05
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
 class WatchdogClient:

@@ -15,7 +15,9 @@ A step is complete when the manifests of all ``nnodes`` hosts of the job that wr
 exist and agree and every shard they list has the listed size. The last ``KEEP`` complete
 checkpoints are kept, and the best by validation loss (``best.json`` beside the step
 folders: its step, validation loss and folder); each host removes its own files (manifest
-first) from older steps.
+first) from older steps. A save that fails (no permission, a full disk) raises
+CheckpointWriteError naming the path and the cause; the temporary file is removed and the
+previous checkpoint is left as it was.
 """
 
 from __future__ import annotations
@@ -24,8 +26,9 @@ import contextlib
 import json
 import os
 import re
+import sys
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,8 +40,26 @@ from ..errors import ConfigError, RingflowError
 KEEP = 2
 META_KEY = "@train@meta"
 BEST = "best.json"
-_STEP_RE = re.compile(r"^step-(\d{8})$")
+_STEP_RE = re.compile(r"^step-(\d{8})\Z")
 _MANIFEST_INTS = ("step", "world_size", "mp_degree", "nnodes")
+
+
+class CheckpointWriteError(RingflowError):
+    """A checkpoint could not be written: the path and the cause (``OSError``'s)."""
+
+    def __init__(self, step: int, path: str, cause: str) -> None:
+        super().__init__(f"checkpoint of step {step} could not be written to {path}: {cause}")
+        self.step, self.path = step, path
+
+
+@contextlib.contextmanager
+def _writing(step: int, path: str) -> Iterator[None]:
+    """An OSError while writing ``path`` (or a file it names) as a CheckpointWriteError."""
+    try:
+        yield
+    except OSError as exc:
+        where = os.fspath(exc.filename) if exc.filename else path
+        raise CheckpointWriteError(step, where, exc.strerror or str(exc)) from exc
 
 
 @dataclass(frozen=True)
@@ -97,12 +118,18 @@ def manifest_name(host: int) -> str:
 def write_shard(root: str, step: int, rank: int, arrays: dict[str, np.ndarray],
                 meta: dict[str, Any]) -> str:
     blob = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
-    return io.write_npz_atomic(os.path.join(step_path(root, step), shard_name(rank)),
-                               {**arrays, META_KEY: blob})
+    target = os.path.join(step_path(root, step), shard_name(rank))
+    with _writing(step, target):
+        return io.write_npz_atomic(target, {**arrays, META_KEY: blob})
 
 
 def write_manifest(root: str, step: int, layout: Layout) -> str:
     """Host ``layout.host``'s manifest of ``step``, after its shards are all written."""
+    with _writing(step, os.path.join(step_path(root, step), manifest_name(layout.host))):
+        return _write_manifest(root, step, layout)
+
+
+def _write_manifest(root: str, step: int, layout: Layout) -> str:
     directory = step_path(root, step)
     files = {}
     for rank in layout.host_ranks:
@@ -291,8 +318,10 @@ class Checkpointer:
     def save(self, step: int, meta: dict[str, Any],
              protect: frozenset[int] | set[int] = frozenset()) -> str:
         """Every rank writes its shard; then each host's local rank 0 its manifest; then,
-        with the new checkpoint complete everywhere, older ones go (but steps ``protect``).
-        Returns its folder."""
+        with the new checkpoint complete everywhere, older ones go (but steps ``protect``;
+        if they cannot, a warning line). Returns its folder; CheckpointWriteError if a file
+        cannot be written (the ranks that could wait at the barrier until the failing one's
+        exit fails it for them)."""
         write_shard(self.root, step, self.layout.rank, self.persistables(),
                     {**meta, "step": step, "rank": self.layout.rank})
         self.barrier()
@@ -300,7 +329,12 @@ class Checkpointer:
             write_manifest(self.root, step, self.layout)
         self.barrier()
         if self.layout.local_rank == 0:
-            prune(self.root, self.layout, protect=protect)
+            try:
+                prune(self.root, self.layout, protect=protect)
+            except OSError as exc:  # the new checkpoint is complete: training goes on
+                print(f"[train] warning: older checkpoints could not be removed from "
+                      f"{exc.filename or self.root}: {exc.strerror or exc}", file=sys.stderr,
+                      flush=True)
         return step_path(self.root, step)
 
     def sources(self, checkpoint: Checkpoint) -> list[str]:

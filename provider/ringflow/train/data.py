@@ -3,6 +3,13 @@
 steps, so every (mp, dp) split and every resume sees the same samples in the same order;
 data-parallel rank r of dp feeds rows [r*B/dp, (r+1)*B/dp) of it.
 
+An ``.npz`` file is not read into memory: its members stored uncompressed (``np.savez``) are
+memory-mapped (numpy's ``np.load(mmap_mode=...)`` does not map npz members, so the member's
+data offset is read from the zip's local header and its .npy header), so a file larger than
+the host's memory trains, each batch reading its rows; a compressed member
+(``np.savez_compressed``) is read whole, and refused when it is larger than this rank's share
+of the host's MemAvailable.
+
 Kinds of ``data``: ``synthetic``, an ``.npz`` of arrays named as the feeds, a ``.csv`` of
 features and a label (the MLP), an ``.npy`` token stream or a UTF-8 text file or folder
 (the transformer: ``text.py``). The validation samples (``EvalSet``) are the file's
@@ -10,7 +17,11 @@ features and a label (the MLP), an ``.npy`` token stream or a UTF-8 text file or
 
 from __future__ import annotations
 
+import contextlib
+import math
+import mmap
 import os
+import struct
 import zipfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -57,8 +68,9 @@ class NpzData:
     file); a batch may span two epochs, and a file smaller than a batch is fine."""
 
     def __init__(self, path: str, arrays: dict[str, np.ndarray], seed: int,
-                 global_batch_size: int) -> None:
+                 global_batch_size: int, dtypes: Mapping[str, np.dtype] | None = None) -> None:
         self.path, self.arrays = path, arrays
+        self.dtypes = {n: np.dtype((dtypes or {}).get(n, a.dtype)) for n, a in arrays.items()}
         self.seed, self.batch_size = seed, global_batch_size
         self.rows_total = len(next(iter(arrays.values())))
         self._perms: dict[int, np.ndarray] = {}
@@ -84,45 +96,110 @@ class NpzData:
         return out
 
     def batch(self, step: int, rows: slice) -> dict[str, np.ndarray]:
+        """The rows, converted to the feeds' dtypes (the arrays may be memory-mapped: only
+        these rows are read)."""
         index = self.indices(step, rows)
-        return {name: value[index] for name, value in self.arrays.items()}
+        return {name: np.ascontiguousarray(value[index], dtype=self.dtypes[name])
+                for name, value in self.arrays.items()}
 
 
 def open_npz(path: str, feeds: Mapping[str, Variable], seed: int,
-             global_batch_size: int) -> NpzData:
-    """``read_npz``'s arrays as a job's data."""
-    return NpzData(path, read_npz(path, feeds), seed, global_batch_size)
-
-
-def read_npz(path: str, feeds: Mapping[str, Variable]) -> dict[str, np.ndarray]:
-    """Reads every feed's array from ``path`` and checks it against the feed variable:
-    present, the same row count for all, a dtype that converts without changing kind, the
-    feed's trailing shape. Arrays are converted to the feeds' dtypes once, here."""
+             global_batch_size: int, memory_bytes: int | None = None) -> NpzData:
+    """Opens every feed's array of ``path`` (memory-mapped where stored uncompressed; see the
+    module docstring) and checks it against the feed variable: present, the same row count
+    for all, a dtype that converts without changing kind, the feed's trailing shape. Rows
+    are converted to the feeds' dtypes as batches read them. ``memory_bytes``: what a
+    compressed member may take (default: MemAvailable over the ranks of this host)."""
     if not os.path.isfile(path):
         raise ConfigError(f"data {path!r}: no such file")
     try:
-        with np.load(path, allow_pickle=False) as npz:
-            stored = list(npz.files)
-            missing = [name for name in feeds if name not in stored]
+        with zipfile.ZipFile(path) as archive:
+            members = {info.filename[:-4]: info for info in archive.infolist()
+                       if info.filename.endswith(".npy")}
+            missing = [name for name in feeds if name not in members]
             if missing:
                 raise ConfigError(f"data {path!r} has no array {missing[0]!r} (it has "
-                                  f"{', '.join(stored) or 'none'}); the model feeds "
+                                  f"{', '.join(members) or 'none'}); the model feeds "
                                   f"{', '.join(feeds)}")
-            arrays = {name: npz[name] for name in feeds}
-    except (OSError, ValueError, zipfile.BadZipFile) as exc:
+            arrays = {name: _member(path, archive, members[name], memory_bytes)
+                      for name in feeds}
+    except (OSError, ValueError, zipfile.BadZipFile, struct.error) as exc:
         raise ConfigError(f"data {path!r} is not a readable .npz of numeric arrays: "
                           f"{exc}") from None
-    return _as_feeds(path, arrays, feeds)
-
-
-def _as_feeds(path: str, arrays: dict[str, np.ndarray], feeds: Mapping[str, Variable]
-              ) -> dict[str, np.ndarray]:
-    converted = {name: _as_feed(path, name, arr, feeds[name]) for name, arr in arrays.items()}
-    counts = {name: len(arr) for name, arr in converted.items()}
+    for name, arr in arrays.items():
+        _check_feed(path, name, arr, feeds[name])
+    counts = {name: len(arr) for name, arr in arrays.items()}
     if len(set(counts.values())) != 1 or 0 in counts.values():
         raise ConfigError(f"data {path!r}: the feeds' arrays must have the same number of "
                           f"rows, at least 1; got {counts}")
-    return converted
+    return NpzData(path, arrays, seed, global_batch_size,
+                   {name: np.dtype(feeds[name].dtype) for name in arrays})
+
+
+def _member(path: str, archive: zipfile.ZipFile, info: zipfile.ZipInfo,
+            memory_bytes: int | None) -> np.ndarray:
+    """One .npy member: a read-only memmap if stored, else read whole if it fits."""
+    name = info.filename[:-4]
+    if info.compress_type == zipfile.ZIP_STORED:
+        return _mapped(path, info)
+    limit = _compressed_limit() if memory_bytes is None else memory_bytes
+    if info.file_size > limit:
+        raise ConfigError(
+            f"data {path!r}: array {name!r} is stored compressed and takes "
+            f"{info.file_size / 2**20:.1f} MiB once read, more than this rank may hold "
+            f"({limit / 2**20:.1f} MiB: MemAvailable over the ranks of this host); store it "
+            f"uncompressed (np.savez, not np.savez_compressed) and it is memory-mapped")
+    with archive.open(info) as f:
+        return np.lib.format.read_array(f, allow_pickle=False)
+
+
+def _mapped(path: str, info: zipfile.ZipInfo) -> np.ndarray:
+    with open(path, "rb") as f:
+        f.seek(info.header_offset)
+        local = f.read(30)
+        if local[:4] != b"PK\x03\x04":
+            raise ValueError(f"member {info.filename!r}: no local file header")
+        name_len, extra_len = struct.unpack("<HH", local[26:30])
+        start = info.header_offset + 30 + name_len + extra_len
+        f.seek(start)
+        version = np.lib.format.read_magic(f)
+        read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                       else np.lib.format.read_array_header_2_0)
+        shape, fortran, dtype = read_header(f)
+        offset = f.tell()
+    if dtype.hasobject:
+        raise ValueError(f"member {info.filename!r} holds Python objects")
+    if offset - start + dtype.itemsize * math.prod(shape) > info.file_size:
+        raise ValueError(f"member {info.filename!r} is shorter than its array "
+                         f"{dtype.name}{list(shape)}")
+    if not shape or 0 in shape:  # np.memmap cannot map zero bytes
+        return np.zeros(shape, dtype)
+    mapped = np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=shape,
+                       order="F" if fortran else "C")
+    # batches read rows in a random order: no read-ahead of the pages around each row
+    with contextlib.suppress(AttributeError, OSError, ValueError):
+        mapped._mmap.madvise(mmap.MADV_RANDOM)
+    return mapped
+
+
+def _compressed_limit() -> int:
+    from .memory import mem_available
+
+    ranks = int(os.environ.get("PADDLE_LOCAL_SIZE", "1") or 1)
+    return mem_available() // max(ranks, 1)
+
+
+def _check_feed(path: str, name: str, arr: np.ndarray, var: Variable) -> None:
+    want = np.dtype(var.dtype)
+    if arr.ndim == 0 or not np.can_cast(arr.dtype, want, "same_kind"):
+        raise ConfigError(f"data {path!r}: array {name!r} is {arr.dtype.name}"
+                          f"{list(arr.shape)}; the feed is {want.name} of shape "
+                          f"{list(var.shape or [])} (-1 = any)")
+    shape = list(var.shape or [])
+    if len(shape) != arr.ndim or any(d not in (-1, s) for d, s in zip(shape[1:],
+                                                                     arr.shape[1:])):
+        raise ConfigError(f"data {path!r}: array {name!r} has shape {list(arr.shape)}; the "
+                          f"feed takes {shape} (-1 = any, the first dimension is the rows)")
 
 
 def read_csv(path: str, feeds: Mapping[str, Variable]) -> dict[str, np.ndarray]:
@@ -147,7 +224,11 @@ def read_csv(path: str, feeds: Mapping[str, Variable]) -> dict[str, np.ndarray]:
         raise ConfigError(f"data {path!r}: the last column is the label, an integer class; "
                           f"it holds {labels[labels != np.round(labels)][0]!r}")
     x_name, y_name = feeds
-    return _as_feeds(path, {x_name: table[:, :-1], y_name: labels.astype(np.int64)}, feeds)
+    arrays = {x_name: table[:, :-1], y_name: labels.astype(np.int64)}
+    for name, arr in arrays.items():
+        _check_feed(path, name, arr, feeds[name])
+    return {name: np.ascontiguousarray(arr, dtype=np.dtype(feeds[name].dtype))
+            for name, arr in arrays.items()}
 
 
 def _numbers(line: str) -> bool:
@@ -156,20 +237,6 @@ def _numbers(line: str) -> bool:
     except ValueError:
         return False
     return True
-
-
-def _as_feed(path: str, name: str, arr: np.ndarray, var: Variable) -> np.ndarray:
-    want = np.dtype(var.dtype)
-    if arr.ndim == 0 or not np.can_cast(arr.dtype, want, "same_kind"):
-        raise ConfigError(f"data {path!r}: array {name!r} is {arr.dtype.name}"
-                          f"{list(arr.shape)}; the feed is {want.name} of shape "
-                          f"{list(var.shape or [])} (-1 = any)")
-    shape = list(var.shape or [])
-    if len(shape) != arr.ndim or any(d not in (-1, s) for d, s in zip(shape[1:],
-                                                                     arr.shape[1:])):
-        raise ConfigError(f"data {path!r}: array {name!r} has shape {list(arr.shape)}; the "
-                          f"feed takes {shape} (-1 = any, the first dimension is the rows)")
-    return np.ascontiguousarray(arr, dtype=want)
 
 
 # text: windows of one token stream ---------------------------------------------------------
@@ -227,9 +294,11 @@ def token_eval_set(tokens: np.ndarray, seq_len: int, names: tuple[str, str]) -> 
     return EvalSet(count, lambda k: windows(tokens, k * seq_len, seq_len, names), seq_len)
 
 
-def array_eval_set(arrays: dict[str, np.ndarray]) -> EvalSet:
-    count = len(next(iter(arrays.values())))
-    return EvalSet(count, lambda k: {name: value[k] for name, value in arrays.items()})
+def array_eval_set(data: NpzData) -> EvalSet:
+    """Every row of ``data`` in file order, converted to the feeds' dtypes as read."""
+    return EvalSet(data.rows_total, lambda k: {
+        name: np.ascontiguousarray(value[k], dtype=data.dtypes[name])
+        for name, value in data.arrays.items()})
 
 
 @dataclass
@@ -261,8 +330,12 @@ def is_arrays(path: str) -> bool:
     return path.endswith((".npz", ".csv"))
 
 
-def read_arrays(path: str, feeds: Mapping[str, Variable]) -> dict[str, np.ndarray]:
-    return read_csv(path, feeds) if path.endswith(".csv") else read_npz(path, feeds)
+def open_arrays(path: str, feeds: Mapping[str, Variable], seed: int,
+                global_batch_size: int) -> NpzData:
+    """An ``.npz`` (memory-mapped where stored) or a ``.csv`` (read) as a job's data."""
+    if path.endswith(".csv"):
+        return NpzData(path, read_csv(path, feeds), seed, global_batch_size)
+    return open_npz(path, feeds, seed, global_batch_size)
 
 
 def open_data(spec, feeds: Mapping[str, Variable], make_batch,
@@ -276,14 +349,14 @@ def open_data(spec, feeds: Mapping[str, Variable], make_batch,
             return Sources(SyntheticData(make_batch, seed, batch), evals, tok)
         return Sources(SyntheticData(make_batch, seed, batch), None, None)
     if is_arrays(spec.data):
-        arrays = read_arrays(spec.data, feeds)
+        train = open_arrays(spec.data, feeds, seed, batch)
         evals = None
         if spec.eval_data is not None:
-            evals = array_eval_set(read_arrays(spec.eval_data, feeds))
+            evals = array_eval_set(open_arrays(spec.eval_data, feeds, seed, batch))
         elif spec.validation_fraction:
-            arrays, held = _split_rows(spec.data, arrays, spec.validation_fraction, seed)
+            train, held = _split_rows(train, spec.validation_fraction)
             evals = array_eval_set(held)
-        return Sources(NpzData(spec.data, arrays, seed, batch), evals, None)
+        return Sources(train, evals, None)
     names, seq_len = token_feeds(spec.data, feeds)
     vocab = vocab_size or 1 << 62
     streams = [text.read_stream(spec.data, vocab)]
@@ -306,7 +379,7 @@ def open_eval_set(path: str, feeds: Mapping[str, Variable], tokenizer: str | Tok
     """Every sample of ``path`` as validation samples, text read with ``tokenizer`` (a
     kind, or a checkpoint's Tokenizer)."""
     if is_arrays(path):
-        return array_eval_set(read_arrays(path, feeds)), None
+        return array_eval_set(open_arrays(path, feeds, 0, 1)), None
     names, seq_len = token_feeds(path, feeds)
     vocab = vocab_size or 1 << 62
     stream = text.read_stream(path, vocab)
@@ -318,15 +391,33 @@ def open_eval_set(path: str, feeds: Mapping[str, Variable], tokenizer: str | Tok
     return token_eval_set(text.tokens_of(stream, tok), seq_len, names), tok
 
 
-def _split_rows(path: str, arrays: dict[str, np.ndarray], fraction: float, seed: int
-                ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-    """(training rows, validation rows): ``fraction`` of the rows, chosen by the seed."""
-    count = len(next(iter(arrays.values())))
+class _Rows:
+    """Rows ``index`` of an array (memory-mapped or not), read only when indexed, so a
+    split of a file larger than memory stays mapped."""
+
+    def __init__(self, array: np.ndarray, index: np.ndarray) -> None:
+        self.array, self.index, self.dtype = array, index, array.dtype
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def __getitem__(self, rows: Any) -> np.ndarray:
+        return self.array[self.index[rows]]
+
+
+def _split_rows(data: NpzData, fraction: float) -> tuple[NpzData, NpzData]:
+    """(training rows, validation rows) of ``data``: ``fraction`` of the rows, chosen by
+    the seed (both in file order)."""
+    count = data.rows_total
     held = round(count * fraction)
     if held < 1 or held >= count:
-        raise ConfigError(f"data {path!r}: validation_fraction {fraction} of {count} rows "
-                          f"leaves {held} for validation and {count - held} for training; "
-                          f"each needs at least 1")
-    order = np.random.default_rng([seed & 0xFFFFFFFF, _SPLIT_SALT]).permutation(count)
+        raise ConfigError(f"data {data.path!r}: validation_fraction {fraction} of {count} "
+                          f"rows leaves {held} for validation and {count - held} for "
+                          f"training; each needs at least 1")
+    order = np.random.default_rng([data.seed & 0xFFFFFFFF, _SPLIT_SALT]).permutation(count)
     val, train = np.sort(order[:held]), np.sort(order[held:])
-    return ({n: a[train] for n, a in arrays.items()}, {n: a[val] for n, a in arrays.items()})
+
+    def part(rows: np.ndarray) -> NpzData:
+        return NpzData(data.path, {n: _Rows(a, rows) for n, a in data.arrays.items()},
+                       data.seed, data.batch_size, data.dtypes)
+    return part(train), part(val)

@@ -31,7 +31,7 @@ SUMMARY_KEYS = ("final_loss", "steps", "samples_per_s", "checkpoint", "resumed_f
 VALIDATION_SUMMARY_KEYS = ("val_loss", "best_val_loss", "best_checkpoint")
 
 # an optional launcher prefix: "[rank 3] " or, gathered over hosts, "[host/rank 3] "
-_LINE_RE = re.compile(r"^(?:\[(?:[^\]/\s]+/)?rank \d+\] )?\[train\] (metric|summary) (\{.*\})$")
+_LINE_RE = re.compile(r"^(?:\[(?:[^\]/\s]+/)?rank \d+\] )?\[train\] (metric|summary) (\{.*\})\Z")
 
 
 def format_line(kind: str, payload: dict[str, Any]) -> str:

@@ -11,7 +11,7 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ..errors import ConfigError
+from ..errors import ConfigError, did_you_mean
 
 
 @functools.cache
@@ -82,7 +82,8 @@ def check_optimizer(value: Any) -> dict[str, Any]:
             raise ConfigError(f"optimizer.{name} cannot be set in a job spec: "
                               f"{NOT_FROM_SPEC[name]}")
         if name not in allowed:
-            raise ConfigError(f"optimizer: unknown argument {name!r} for {kind} (it takes "
+            raise ConfigError(f"optimizer: unknown argument {name!r} for {kind}"
+                              f"{did_you_mean(name, list(allowed))} (it takes "
                               f"{', '.join(sorted(allowed))})")
         _check_argument(f"optimizer.{name}", arg, allowed[name])
     missing = [n for n, p in allowed.items()
@@ -133,8 +134,8 @@ def check_lr_schedule(value: Any, nested: bool = False) -> dict[str, Any] | None
         if name == "type":
             continue
         if name not in args:
-            raise ConfigError(f"{where}: unknown argument {name!r} for {kind} (it takes "
-                              f"{', '.join(args)})")
+            raise ConfigError(f"{where}: unknown argument {name!r} for {kind}"
+                              f"{did_you_mean(name, list(args))} (it takes {', '.join(args)})")
         if name == "after":
             check_lr_schedule(arg, nested=True)
         elif name in _INT_ARGS:

@@ -13,14 +13,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from ..errors import ConfigError
+from ..errors import ConfigError, did_you_mean
 from . import optim
 
 BUILTIN_MODELS = ("mlp", "transformer")
 TOKENIZERS = ("byte", "char")
 DTYPES = ("float32", "float64")
 # package.module:build_fn
-_BUILDER_RE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
+_BUILDER_RE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*\Z")
 # built-in model arguments that must split evenly across the model-parallel ranks
 _SPLIT_BY_DEGREE = {"mlp": ("hidden_size",), "transformer": ("num_heads", "vocab_size",
                                                              "ffn_size")}
@@ -164,7 +164,7 @@ class JobSpec:
         known = [f.name for f in dataclasses.fields(cls)]
         for key in mapping:
             if key not in known:
-                hint = _did_you_mean(key, known)
+                hint = did_you_mean(key, known)
                 raise ConfigError(f"unknown field {key!r} in the job spec{hint} (fields: "
                                   f"{', '.join(known)})")
         return cls(**mapping)
@@ -269,7 +269,8 @@ def _check_model_args(model: str, args: Any) -> dict[str, Any]:
     params = _builder_params(model)
     for key, value in args.items():
         if key not in params:
-            raise ConfigError(f"model_args: unknown argument {key!r} for {model} (it takes "
+            raise ConfigError(f"model_args: unknown argument {key!r} for {model}"
+                              f"{did_you_mean(key, list(params))} (it takes "
                               f"{', '.join(params)})")
         _check_builder_value(f"model_args.{key}", value, params[key].default)
     return dict(args)
@@ -301,9 +302,3 @@ def _check_json(name: str, value: Any) -> None:
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{name} must hold JSON values only: {exc}") from None
 
-
-def _did_you_mean(key: str, known: list[str]) -> str:
-    import difflib
-
-    close = difflib.get_close_matches(str(key), known, n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""

@@ -24,9 +24,11 @@ import numpy as np
 from ..distributed.collective.reduce_op import ReduceOp
 from ..distributed.collective.registry import get_ring
 from ..errors import ConfigError
+from ..launch.exits import EXIT_CHECKPOINT, EXIT_NONFINITE, EXIT_OK
 from .checkpoint import (
     Checkpoint,
     Checkpointer,
+    CheckpointWriteError,
     Layout,
     discard_after,
     host_complete_steps,
@@ -40,7 +42,6 @@ from .evaluation import Evaluator
 from .metrics import Reporter
 from .spec import BUILTIN_MODELS, JobSpec
 
-EXIT_OK, EXIT_ERROR, EXIT_CONFIG, EXIT_NONFINITE = 0, 1, 2, 3
 # (global ring, data-parallel ring) of TensorParallelOptimizer and of ShardingOptimizer (mp: 0)
 _RINGS = {False: (1, 2), True: (3, 1)}
 
@@ -158,7 +159,9 @@ def _import_builder(target: str):
     return builder
 
 
-def build_job(spec: JobSpec, layout: Layout) -> Job:
+def build_programs(spec: JobSpec):
+    """(main, startup, model, optimizer) of this rank: the model built and fleet's
+    meta-optimizers applied, with the role fleet was given (``read_layout``)."""
     from ..distributed import fleet
     from ..framework.program import Program, program_guard
 
@@ -170,8 +173,14 @@ def build_job(spec: JobSpec, layout: Layout) -> Job:
         checkpoints = recompute_checkpoints(spec, model)
         if checkpoints is not None:
             # the checkpoints are named by the model just built: the strategy is complete now
-            fleet.init(is_collective=True, strategy=_strategy(spec, checkpoints))
+            role = fleet._role_maker()
+            fleet.init(role, is_collective=True, strategy=_strategy(spec, checkpoints))
         fleet.distributed_optimizer(optimizer).minimize(model.loss)
+    return main, startup, model, optimizer
+
+
+def build_job(spec: JobSpec, layout: Layout) -> Job:
+    main, startup, model, optimizer = build_programs(spec)
     feeds = {name: main.global_block().var(name) for name in model.feeds}
     data = open_data(spec, feeds, model.make_batch, model.config.get("vocab_size"))
     dp = spec.dp_degree(layout.world_size)
@@ -307,11 +316,11 @@ class Trainer:
         self.report.start_clock()
         try:
             loss = self._train_from(step, loss)
-        except NonFiniteLoss as exc:
+        except (NonFiniteLoss, CheckpointWriteError) as exc:
             where = self.last_checkpoint or "none (no checkpoint was written)"
             print(f"[train] error: stopping: the {exc}; last good checkpoint: {where}",
                   file=sys.stderr, flush=True)
-            return EXIT_NONFINITE
+            return EXIT_NONFINITE if isinstance(exc, NonFiniteLoss) else EXIT_CHECKPOINT
         validation = None
         if self.job.evaluator is not None:
             validation = _validation_summary(self.val and self.val["val_loss"], self.best)

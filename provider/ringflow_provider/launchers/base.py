@@ -17,8 +17,9 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar, TypeVar
 
-from ringflow.errors import LaunchError, gathered
+from ringflow.errors import ConfigError, FolderError, LaunchError, gathered
 from ringflow.launch import jobdir
+from ringflow.launch.exits import FOLDER_REFUSED_EXIT
 from ringflow.launch.supervisor import ENV_KEY, FINAL_PREFIX, MASK_KEY, STARTED_PREFIX
 from ringflow_provider.hooks.allowed_hosts import HostNotAllowedError
 from ringflow_provider.launchers import commands
@@ -64,7 +65,8 @@ class Launcher:
     def make_shell(self, host: str) -> Shell:
         raise NotImplementedError
 
-    def prepare(self, *, numpy: bool = True, hosts: Sequence[str] | None = None) -> None:
+    def prepare_hosts(self, *, numpy: bool = True, hosts: Sequence[str] | None = None
+                      ) -> None:
         """Every host (default: the launcher's) checked and given the runtime."""
         raise NotImplementedError
 
@@ -98,6 +100,31 @@ class Launcher:
     def runtime(self, host: str) -> Runtime:
         return self.runtimes.get(host) or Runtime(self.python)
 
+    def prepare(self, *, numpy: bool = True, hosts: Sequence[str] | None = None,
+                writable: Mapping[str, str | None] | None = None) -> None:
+        """Every host (default: the launcher's) checked and given the runtime
+        (`prepare_hosts`); then each folder of `writable` (what it is -> its path, relative
+        to the login's home) made if missing and written to on every host, before any part
+        of a job starts: a FolderError names each host, folder and cause."""
+        self.prepare_hosts(numpy=numpy, hosts=hosts)
+        folders = {what: path for what, path in (writable or {}).items() if path}
+        if folders:
+            self.on_every_host(lambda host: self.check_writable(host, folders),
+                               "checking the job's folders", hosts)
+
+    def check_writable(self, host: str, folders: Mapping[str, str]) -> None:
+        code, out, err = self.run(host, commands.writable_command(list(folders.values())))
+        found = commands.unwritable(out)
+        if code != 0 and not found:
+            said = (err.strip() or out.strip() or f"exit {code}").splitlines()[-1]
+            raise LaunchError(f"host {host!r}: the job's folders could not be checked: "
+                              f"{said}")
+        if found:
+            names = {path: what for what, path in folders.items()}
+            raise FolderError(f"host {host!r}: " + "; ".join(
+                f"{names.get(path, 'folder')} {path} is not writable: {cause}"
+                for path, cause in found))
+
     def on_every_host(self, work: Callable[[str], T], what: str,
                       hosts: Sequence[str] | None = None) -> dict[str, T]:
         """`work(host)` on every host at once; one LaunchError naming every host that
@@ -123,6 +150,21 @@ class Launcher:
     def run(self, host: str, command: str, timeout: float = COMMAND_TIMEOUT_S,
             stdin: str = "") -> tuple[int, str, str]:
         return self.shell(host).run(command, timeout, stdin)
+
+    def mem_available(self) -> dict[str, int]:
+        """Each host's MemAvailable in bytes (its /proc/meminfo), read on all at once."""
+        from ringflow.train.memory import parse_meminfo  # numpy: not for the triggerer
+
+        def read(host: str) -> int:
+            code, out, err = self.run(host, commands.meminfo_command())
+            try:
+                if code != 0:
+                    raise ConfigError(err.strip() or f"exit {code}")
+                return parse_meminfo(out)
+            except ConfigError as exc:
+                raise LaunchError(f"host {host!r}: cannot read /proc/meminfo: {exc}") from None
+
+        return self.on_every_host(read, "reading the hosts' MemAvailable")
 
     def put_file(self, host: str, path: str, text: str) -> None:
         """Write `text` to `path` on `host` (its folder made), 0600."""
@@ -175,6 +217,8 @@ class Launcher:
             started = [x for x in out.splitlines() if x.startswith(STARTED_PREFIX)]
             if code != 0 or not started:
                 said = (err.strip() or out.strip() or f"exit {code}").splitlines()[-1]
+                if code == FOLDER_REFUSED_EXIT:
+                    raise FolderError(f"host {host!r}: {said}")
                 raise LaunchError(f"host {host!r}: the job could not be started: {said}")
             return json.loads(started[-1][len(STARTED_PREFIX):])
 

@@ -13,13 +13,13 @@ import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from ringflow.launch.exits import FOLDER_REFUSED_EXIT, RUNNING_EXIT, SETUP_EXIT
 from ringflow.naming import check_job_id
 
 SUPERVISOR = "ringflow.launch.supervisor"
 HANDLE_FILE = "handle.json"  # the job's JobHandle (no secret), written beside status.json
 TRIES_DIR = "try-"
-_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-RUNNING_EXIT = 98
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 KEEP_DAYS = 7  # an ended job's folder (output, status) stays this long on its host
 RUNNING_MESSAGE = "a job of this task try still runs in"
 
@@ -40,7 +40,7 @@ class Runtime:
 
 
 def _script(body: str) -> str:
-    return f"sh -c {shlex.quote('cd || exit 97' + chr(10) + body)}"
+    return f"sh -c {shlex.quote(f'cd || exit {SETUP_EXIT}' + chr(10) + body)}"
 
 
 def exports(env: Mapping[str, str]) -> str:
@@ -65,13 +65,49 @@ def _forget_old_jobs(job_dir: str) -> str:
             "done\n")
 
 
+# `own FOLDER`: FOLDER made (0700) if missing, else it must be a real folder of this user, not
+# a symlink (where it points, or another user, would get the job's files); then made 0700.
+_OWN = (
+    'me=$(id -u)\n'
+    'own() {\n'
+    '  if [ ! -e "$1" ] && [ ! -L "$1" ]; then mkdir -- "$1" 2>/dev/null || [ -d "$1" ] || '
+    f'exit {SETUP_EXIT}; fi\n'
+    '  if [ -L "$1" ]; then why="is a symlink"\n'
+    '  elif [ ! -d "$1" ]; then why="is not a folder"\n'
+    '  elif [ "$(stat -c %u -- "$1")" != "$me" ]; then\n'
+    '    why="is owned by uid $(stat -c %u -- "$1"), not by this user (uid $me)"\n'
+    '  else chmod 700 -- "$1"; return; fi\n'
+    '  echo "$1 $why: ringflow keeps a job\'s folder only in real folders of its user" >&2\n'
+    f'  exit {FOLDER_REFUSED_EXIT}\n'
+    '}\n')
+
+
+def _own_folders(state_dir: str, job_dir: str) -> str:
+    """The state folder (each part of it when relative to the home; else its parents made,
+    itself checked) and the task's folder `own`ed; the job folder too if it exists."""
+    parts = state_dir.split("/")
+    if state_dir.startswith("/"):
+        checked = [state_dir]
+        made = f"mkdir -p -- {shlex.quote(state_dir.rsplit('/', 1)[0] or '/')} || " \
+               f"exit {SETUP_EXIT}\n"
+    else:
+        checked = ["/".join(parts[:i + 1]) for i in range(len(parts)) if parts[i]]
+        made = ""
+    checked.append(job_dir.rsplit("/", 1)[0])
+    d = shlex.quote(job_dir)
+    return (_OWN + made + "".join(f"own {shlex.quote(c)}\n" for c in checked)
+            + f"if [ -e {d} ] || [ -L {d} ]; then own {d}; fi\n")
+
+
 def start_command(runtime: Runtime, job_dir: str, argv: Sequence[str], *,
                   env: Mapping[str, str], secrets: str, lease_timeout: float | None,
                   grace_s: float, handle: Mapping, secret_names: Sequence[str] = ()) -> str:
-    """Start `argv` detached under the supervisor in `job_dir`, recording `handle` there.
-    The supervisor reads one line of secrets from stdin first (`secrets` says whether they
-    go to the command's environment or on as its stdin's first line); variables of those
-    names that the host's own environment has are unset, so only the line's values count."""
+    """Start `argv` detached under the supervisor in `job_dir` (`<state>/<task>/try-<n>`),
+    recording `handle` there; the state, task and job folders must be real folders of this
+    user (else exit FOLDER_REFUSED_EXIT naming the folder) and are made 0700. The
+    supervisor reads one line of secrets from stdin first (`secrets` says whether they go
+    to the command's environment or on as its stdin's first line); variables of those names
+    that the host's own environment has are unset, so only the line's values count."""
     args = ["run", "--job-dir", job_dir, "--detach", "--secrets", secrets,
             "--grace", f"{grace_s:g}"]
     if lease_timeout is not None:
@@ -80,15 +116,17 @@ def start_command(runtime: Runtime, job_dir: str, argv: Sequence[str], *,
     d = shlex.quote(job_dir)
     body = (
         "umask 077\n"
+        f"{_own_folders(job_dir.rsplit('/', 2)[0], job_dir)}"
         # the same try started again (`airflow tasks test` twice): an ended job's folder is
         # kept aside, a running one is refused
         f'if [ -e {d}/output.log ]; then\n'
         f'  if [ -e {d}/lock ] && ! flock -n {d}/lock true; then\n'
         f'    echo "{RUNNING_MESSAGE} {job_dir}" >&2; exit {RUNNING_EXIT}\n'
         "  fi\n"
-        f'  mv {d} {d}.replaced-$(date +%s%N) || exit 97\n'
+        f'  mv {d} {d}.replaced-$(date +%s%N) || exit {SETUP_EXIT}\n'
         "fi\n"
-        f"mkdir -p {d} || exit 97\n"
+        f"mkdir -p {d} || exit {SETUP_EXIT}\n"
+        f"own {d}\n"
         f"{_forget_old_jobs(job_dir)}"
         f"printf '%s\\n' {shlex.quote(record)} > {shlex.quote(job_dir + '/' + HANDLE_FILE)}\n"
         f"{exports(env)}"
@@ -122,9 +160,44 @@ def task_jobs_command(task_dir: str) -> str:
     return _script(body)
 
 
+UNWRITABLE = "ringflow-unwritable"
+
+
+def writable_command(folders: Sequence[str]) -> str:
+    """Each folder made if missing (0700) and a small file written into it and removed; one
+    `UNWRITABLE<TAB>folder<TAB>what the host said` line for each that fails."""
+    body = ("umask 077\n"
+            f"for d in {' '.join(shlex.quote(f) for f in folders)}; do\n"
+            '  f="$d/.ringflow-write-check.$$"\n'
+            '  if ! said=$( (mkdir -p -- "$d" && printf x > "$f" && rm -f -- "$f") 2>&1); '
+            "then\n"
+            '    rm -f -- "$f" 2>/dev/null\n'
+            f"    printf '{UNWRITABLE}\\t%s\\t%s\\n' \"$d\" \"$(printf %s \"$said\" | "
+            "tail -n 1)\"\n"
+            "  fi\n"
+            "done")
+    return _script(body)
+
+
+def unwritable(out: str) -> list[tuple[str, str]]:
+    """(folder, cause) of each folder `writable_command` found not writable; the cause is
+    the error's last part (`Permission denied`, `Read-only file system`, ...)."""
+    found = []
+    for line in out.splitlines():
+        mark, _, rest = line.partition("\t")
+        if mark == UNWRITABLE:
+            folder, _, said = rest.partition("\t")
+            found.append((folder, said.rsplit(": ", 1)[-1].strip() or "unknown error"))
+    return found
+
+
 def find_executable_command(executable: str) -> str:
     """Exit 0 iff `executable` is found (on PATH, or as a path) by the host's shell."""
     return _script(f"command -v -- {shlex.quote(executable)}")
+
+
+def meminfo_command() -> str:
+    return _script("cat /proc/meminfo")
 
 
 def home_command() -> str:

@@ -1,4 +1,6 @@
-"""Backend `local`: the job runs on this host (the Airflow worker), one launcher agent."""
+"""Backend `local`: the job runs on this host (the Airflow worker), one launcher agent. Its
+processes start from a minimal environment (`ringflow.launch.env.minimal_env`), not the
+worker's: the job's variables are what the operator gives it."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from ringflow.launch.env import minimal_env
 from ringflow_provider.launchers.base import Launcher
 from ringflow_provider.launchers.commands import Runtime
 from ringflow_provider.launchers.shells import LocalShell, Shell
@@ -30,9 +33,10 @@ class LocalLauncher(Launcher):
         return f"{ringflow_home()}/jobs"
 
     def make_shell(self, host: str) -> Shell:
-        return LocalShell(host)
+        return LocalShell(host, minimal_env(os.environ))
 
-    def prepare(self, *, numpy: bool = True, hosts: Sequence[str] | None = None) -> None:
+    def prepare_hosts(self, *, numpy: bool = True, hosts: Sequence[str] | None = None
+                      ) -> None:
         """This interpreter has the installed runtime and numpy: nothing to check or ship."""
         for host in self.hosts:
             self.runtimes[host] = Runtime(sys.executable)

@@ -19,8 +19,9 @@ from ringflow_provider.launchers.ssh import SSHLauncher
 class MpirunLauncher(SSHLauncher):
     name = "mpirun"
 
-    def prepare(self, *, numpy: bool = True, hosts: Sequence[str] | None = None) -> None:
-        super().prepare(numpy=numpy, hosts=hosts)
+    def prepare_hosts(self, *, numpy: bool = True, hosts: Sequence[str] | None = None
+                      ) -> None:
+        super().prepare_hosts(numpy=numpy, hosts=hosts)
         check_mpirun(self, self.hosts[0])
         same_runtime_path(self, "launcher 'mpirun'")
 

@@ -1,46 +1,61 @@
 """The runtime on training hosts (issue 11): a preflight that finds each host's interpreter
 and numpy and holds them against the runtime's floors (`ringflow.floors`), and the `ringflow`
 package shipped by SFTP into a cache folder of each host's home, named by its version and
-content hash, installed atomically and reused.
+content hash, installed atomically, read-only, and reused only after it is verified.
 
 On a host (`~` is the SSH login's home)::
 
     ~/.ringflow/runtime/<version>-<hash>/ringflow/...        the package (PYTHONPATH: the folder)
+    ~/.ringflow/runtime/<version>-<hash>/RINGFLOW_MANIFEST   sha256 of every file (sha256sum -c)
     ~/.ringflow/runtime/<version>-<hash>/RINGFLOW_RUNTIME    the full hash, written last
     ~/.ringflow/runtime/.<version>-<hash>.tmp-<random>/      an install in progress
 
-An install uploads into a temporary folder of its own, then renames it onto the target:
-the rename is atomic, so a job, or another host sharing the home, sees no copy or a whole
-one. When the target appeared meanwhile (another job won), the existing copy is kept and the
-temporary one removed; temporaries older than STALE_TMP_S (left by a killed ship) are removed.
+An install uploads into a temporary folder of its own, makes it read-only (files 0444,
+folders 0555), then renames it onto the target: the rename is atomic, so a job, or another
+host sharing the home, sees no copy or a whole one. When the target appeared meanwhile
+(another job won), the existing copy is kept and the temporary one removed; temporaries
+older than STALE_TMP_S (left by a killed ship) are removed.
+
+A copy the cache has is used only when every file's sha256 is this runtime's, no file was
+added and every mode is still read-only (`verify_command`, run by the host's python);
+otherwise the copy is set aside and a fresh one installed in its place, and the task log
+says what was wrong. Python's own `__pycache__` folders are removed by that check and not
+compared (a root login writes them despite the modes).
 """
 
 from __future__ import annotations
 
 import errno
-import hashlib
 import re
 import secrets
 import shlex
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import PurePosixPath
 from typing import TypeVar
 
 import paramiko
 
-import ringflow
 from ringflow.errors import LaunchError, gathered
 from ringflow.floors import NUMPY_FLOOR, PYTHON_FLOOR, text
 from ringflow_provider.hooks.multi_ssh import MultiHostSSHHook
+from ringflow_provider.launchers.runtime_copy import (
+    DIR_MODE,
+    FILE_MODE,
+    MANIFEST,
+    MARKER,
+    RuntimeBundle,
+    differences,
+    runtime_bundle,
+    verify_command,
+)
 
-__all__ = ["HostPython", "Prepared", "RuntimeBundle", "Shipped", "preflight", "prepare_hosts",
-           "runtime_bundle", "ship_runtime", "ship_to"]
+__all__ = ["CACHE_DIR", "MANIFEST", "MARKER", "HostPython", "Prepared", "RuntimeBundle",
+           "Shipped", "preflight", "prepare_hosts", "runtime_bundle", "ship_runtime",
+           "ship_to"]
 
 CACHE_DIR = ".ringflow/runtime"
-MARKER = "RINGFLOW_RUNTIME"
-PACKAGE_DATA = ("py.typed",)  # files besides *.py that belong to the package
 STALE_TMP_S = 3600
 TIMEOUT_S = 30  # each SFTP reply and each remote command
 _MAX_HOSTS_AT_ONCE = 8
@@ -60,35 +75,6 @@ Hooks = MultiHostSSHHook | Mapping[str, MultiHostSSHHook]
 T = TypeVar("T")
 
 
-# what is shipped ----------------------------------------------------------------------------
-@dataclass(frozen=True)
-class RuntimeBundle:
-    """The files of the local `ringflow` package that run on a host, and their hash."""
-
-    root: Path
-    files: tuple[str, ...]  # posix paths relative to `root`, sorted
-    digest: str  # sha256 of every path and content
-
-    @property
-    def name(self) -> str:
-        """The cache folder's name on the hosts."""
-        return f"{ringflow.__version__}-{self.digest[:16]}"
-
-
-def runtime_bundle(package_dir: Path | None = None) -> RuntimeBundle:
-    """The installed `ringflow` package's .py files and package data (no __pycache__)."""
-    root = Path(package_dir or Path(ringflow.__file__).parent)
-    files = sorted(p.relative_to(root).as_posix() for p in root.rglob("*")
-                   if p.is_file() and "__pycache__" not in p.parts
-                   and (p.suffix == ".py" or p.name in PACKAGE_DATA))
-    digest = hashlib.sha256()
-    for name in files:
-        content = (root / name).read_bytes()
-        digest.update(f"{name}\0{len(content)}\0".encode())
-        digest.update(content)
-    return RuntimeBundle(root, tuple(files), digest.hexdigest())
-
-
 # shipping ---------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Shipped:
@@ -98,23 +84,25 @@ class Shipped:
     pythonpath: str
     uploaded_files: int
     installed: bool  # this ship's copy became the cache's
+    replaced: str = ""  # why the cache's copy was not used (it failed verification)
 
 
 def ship_runtime(hooks: Hooks, hosts: Sequence[str], bundle: RuntimeBundle | None = None,
-                 timeout: float = TIMEOUT_S) -> dict[str, Shipped]:
+                 timeout: float = TIMEOUT_S, python: str = "python3") -> dict[str, Shipped]:
     """Ship `bundle` (default: the installed runtime) to every host at once; one
     LaunchError names every host that failed."""
     bundle = bundle or runtime_bundle()
     return _on_every_host(hosts, lambda host: ship_to(_hook(hooks, host), host, bundle,
-                                                      timeout), "shipping the runtime")
+                                                      timeout, python), "shipping the runtime")
 
 
 def ship_to(hook: MultiHostSSHHook, host: str, bundle: RuntimeBundle,
-            timeout: float = TIMEOUT_S) -> Shipped:
-    """Ship `bundle` to `host` unless its cache has it (see the module's docstring)."""
+            timeout: float = TIMEOUT_S, python: str = "python3") -> Shipped:
+    """Ship `bundle` to `host` unless its cache has it, verified with the host's `python`
+    (see the module's docstring)."""
     sftp = hook.open_sftp(host, timeout)
     try:
-        return _Install(hook, host, sftp, bundle, timeout).run()
+        return _Install(hook, host, sftp, bundle, timeout, python).run()
     except (OSError, paramiko.SSHException) as exc:
         cause = (f"no SFTP reply within {timeout} s" if isinstance(exc, TimeoutError)
                  else f"{type(exc).__name__}: {exc}")
@@ -126,26 +114,53 @@ def ship_to(hook: MultiHostSSHHook, host: str, bundle: RuntimeBundle,
 
 class _Install:
     def __init__(self, hook: MultiHostSSHHook, host: str, sftp: paramiko.SFTPClient,
-                 bundle: RuntimeBundle, timeout: float):
+                 bundle: RuntimeBundle, timeout: float, python: str = "python3"):
         self.hook, self.host, self.sftp, self.bundle, self.timeout = (
             hook, host, sftp, bundle, timeout)
+        self.python = python
+        self.replaced = ""  # why the cache's copy was not used
         self.base = f"{sftp.normalize('.')}/{CACHE_DIR}"
         self.target = f"{self.base}/{bundle.name}"
 
     def run(self) -> Shipped:
         if self._complete(self.target):
-            return Shipped(self.host, self.target, 0, installed=False)
+            wrong = self._verify(self.target)
+            if not wrong:
+                return Shipped(self.host, self.target, 0, installed=False)
+            self.replaced = "; ".join(wrong)
+            self._set_aside(self.target)
         self._makedirs(self.base)
         temporary = f"{self.base}/.{self.bundle.name}.tmp-{secrets.token_hex(6)}"
         self.sftp.mkdir(temporary)
         try:
             self._sweep(now=self.sftp.stat(temporary).st_mtime or 0)
             count = self._upload(temporary)
+            self._make_read_only(temporary)
             installed = self._place(temporary)
         except BaseException:
             self._remove(temporary, quiet=True)
             raise
-        return Shipped(self.host, self.target, count, installed)
+        return Shipped(self.host, self.target, count, installed, self.replaced)
+
+    def _verify(self, folder: str) -> list[str]:
+        """What is wrong with the copy in `folder` (empty: it is this bundle, read-only)."""
+        code, out, err = self.hook.run(self.host, verify_command(self.python, folder),
+                                       timeout=self.timeout)
+        if code != 0:
+            last = (err.strip().splitlines() or [f"exit {code}"])[-1]
+            return [f"it could not be verified: {last}"]
+        return differences(self.bundle, out)
+
+    def _set_aside(self, folder: str) -> None:
+        """A copy that failed verification is renamed out of the way, then removed."""
+        aside = f"{self.base}/.{self.bundle.name}.old-{secrets.token_hex(6)}"
+        try:
+            self.sftp.posix_rename(folder, aside)
+        except OSError:
+            if self._exists(folder):
+                raise
+            return  # another ship set it aside first
+        self._remove(aside, quiet=True)
 
     def _complete(self, folder: str) -> bool:
         try:
@@ -195,9 +210,20 @@ class _Install:
             with open(self.bundle.root / name, "rb") as local:
                 # confirm=False: a failed write raises on close, and the marker comes last
                 self.sftp.putfo(local, f"{temporary}/ringflow/{name}", confirm=False)
+        with self.sftp.open(f"{temporary}/{MANIFEST}", "w") as manifest:
+            manifest.write(self.bundle.manifest())
         with self.sftp.open(f"{temporary}/{MARKER}", "w") as marker:
             marker.write(self.bundle.digest + "\n")
         return len(self.bundle.files)
+
+    def _make_read_only(self, folder: str) -> None:
+        q = shlex.quote(folder)
+        code, _, err = self.hook.run(
+            self.host, f"find {q} -type f -exec chmod {FILE_MODE:o} {{}} + && "
+                       f"find {q} -type d -exec chmod {DIR_MODE:o} {{}} +", timeout=self.timeout)
+        if code != 0:
+            raise LaunchError(f"host {self.host!r}: cannot make {folder} read-only: "
+                              f"{err.strip()}")
 
     def _place(self, temporary: str) -> bool:
         """Rename `temporary` onto the target; False when another install got there first."""
@@ -210,6 +236,7 @@ class _Install:
                 return False
         # A target without the marker was not made by a ship (they rename whole copies in):
         # set it aside, then take its place.
+        self.replaced = self.replaced or f"{MARKER} was missing or not this runtime's"
         aside = f"{self.base}/.{self.bundle.name}.old-{secrets.token_hex(6)}"
         self.sftp.posix_rename(self.target, aside)
         self.sftp.posix_rename(temporary, self.target)
@@ -217,9 +244,11 @@ class _Install:
         return True
 
     def _remove(self, folder: str, quiet: bool = False) -> None:
+        q = shlex.quote(folder)  # a copy is read-only: its folders made writable first
         try:
-            code, _, err = self.hook.run(self.host, f"rm -rf -- {shlex.quote(folder)}",
-                                         timeout=self.timeout)
+            code, _, err = self.hook.run(
+                self.host, f"chmod -R u+w -- {q} 2>/dev/null; rm -rf -- {q}",
+                timeout=self.timeout)
         except LaunchError:
             if quiet:
                 return
@@ -297,9 +326,12 @@ class Prepared:
         how = "uploaded" if self.shipped.uploaded_files else "reused"
         numpy = (f"with numpy {self.python.numpy_version}" if self.python.numpy_version
                  else "(numpy not needed there)")
+        replaced = (f" (the copy there was not this runtime and was replaced: "
+                    f"{self.shipped.replaced})" if self.shipped.replaced else "")
         return (f"host {self.python.host}: {self.python.python} is Python "
                 f"{text(self.python.python_version)} {numpy}; "
-                f"runtime {how} at {self.shipped.pythonpath}")
+                f"runtime {how} at {self.shipped.pythonpath}"
+                f"{'' if self.shipped.uploaded_files else ' (its files verified)'}{replaced}")
 
 
 def prepare_hosts(hooks: Hooks, hosts: Sequence[str], python: str = "python3",
@@ -307,7 +339,7 @@ def prepare_hosts(hooks: Hooks, hosts: Sequence[str], python: str = "python3",
     """Preflight every host, then ship the runtime to all of them; use
     ``PYTHONPATH=<result[host].shipped.pythonpath> <python> -m ringflow.launch ...``."""
     found = preflight(hooks, hosts, python, timeout, numpy)
-    shipped = ship_runtime(hooks, hosts, timeout=timeout)
+    shipped = ship_runtime(hooks, hosts, timeout=timeout, python=python)
     return {host: Prepared(found[host], shipped[host]) for host in hosts}
 
 

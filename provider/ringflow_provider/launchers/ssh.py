@@ -48,7 +48,8 @@ class SSHLauncher(Launcher):
     def make_shell(self, host: str) -> Shell:
         return SSHShell(host, self.hook(host))
 
-    def prepare(self, *, numpy: bool = True, hosts: Sequence[str] | None = None) -> None:
+    def prepare_hosts(self, *, numpy: bool = True, hosts: Sequence[str] | None = None
+                      ) -> None:
         """Preflight (interpreter, numpy unless not needed) and the runtime shipped, on every
         host at once; each host's home (relative paths of the job are under it)."""
         targets = list(dict.fromkeys(self.hosts if hosts is None else hosts))

@@ -4,6 +4,7 @@ and reported by one code path whichever way it was watched; `on_kill` stops it."
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -11,7 +12,7 @@ from airflow.sdk import BaseOperator, conf
 from airflow.sdk.exceptions import TaskDeferred
 from pydantic import TypeAdapter
 
-from ringflow.errors import LaunchError
+from ringflow.errors import LaunchError, did_you_mean
 from ringflow_provider.exceptions import (
     RingflowConfigException,
     RingflowHostNotAllowedException,
@@ -68,6 +69,7 @@ class RingflowJobOperator(BaseOperator):
         # provider default goes in only where none of them speaks.
         if "retries" not in (kwargs.get("default_args") or {}):
             kwargs.setdefault("retries", DEFAULT_RETRIES)
+        _refuse_unknown(type(self), kwargs)
         super().__init__(**kwargs)
         self.deferrable = deferrable
         self.poll_interval = poll_interval
@@ -84,7 +86,7 @@ class RingflowJobOperator(BaseOperator):
 
     def _job_options(self) -> None:
         """The rendered watch arguments, checked and typed (ValueError naming the bad one)."""
-        self.deferrable = _flag("deferrable", self.deferrable)
+        self.deferrable = flag("deferrable", self.deferrable)
         self.poll_interval = _seconds("poll_interval", self.poll_interval)
         self.lease_timeout = _seconds("lease_timeout", self.lease_timeout, none_ok=True)
         self.on_existing = str(self.on_existing).strip()
@@ -271,11 +273,26 @@ class RingflowJobOperator(BaseOperator):
 _BOOL = TypeAdapter(bool)
 
 
+def _refuse_unknown(cls: type, kwargs: dict[str, Any]) -> None:
+    """Airflow's TypeError for arguments no class of the operator takes, with the nearest
+    name each (`stpes` -> `steps`), before BaseOperator lists them without one."""
+    known = [name for klass in cls.__mro__ if "__init__" in vars(klass)
+             and issubclass(klass, BaseOperator)
+             for name, p in inspect.signature(klass.__init__).parameters.items()
+             if p.kind is p.KEYWORD_ONLY or p.kind is p.POSITIONAL_OR_KEYWORD]
+    unknown = [k for k in kwargs if k not in known and not k.startswith("_")]
+    if unknown:
+        said = ", ".join(f"{k!r}{did_you_mean(k, known)}" for k in unknown)
+        raise TypeError(f"Invalid arguments were passed to {cls.__name__} (task_id: "
+                        f"{kwargs.get('task_id')}): {said}")
+
+
 def _templated(value: Any) -> bool:
     return isinstance(value, str) and ("{{" in value or "{%" in value)
 
 
-def _flag(name: str, value: Any) -> bool:
+def flag(name: str, value: Any) -> bool:
+    """A templated true/false argument as a bool (ValueError naming it)."""
     try:
         return _BOOL.validate_python(value.strip() if isinstance(value, str) else value)
     except ValueError:

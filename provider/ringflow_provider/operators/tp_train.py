@@ -14,13 +14,15 @@ import contextlib
 import json
 import os
 import secrets as token_source
+import sys
 import time
 import uuid
 from typing import Any, ClassVar
 
 from airflow.sdk import Asset
 
-from ringflow.errors import LaunchError
+from ringflow.errors import ConfigError, LaunchError
+from ringflow.train import memory
 from ringflow.train.checkpoint import latest_checkpoint
 from ringflow_provider.exceptions import (
     RingflowConfigException,
@@ -38,7 +40,7 @@ from ringflow_provider.launchers.base import Launcher
 from ringflow_provider.launchers.job import JobHandle, TaskKey
 from ringflow_provider.launchers.lines import JobLine
 from ringflow_provider.launchers.local import ringflow_home
-from ringflow_provider.operators.base import RingflowJobOperator
+from ringflow_provider.operators.base import RingflowJobOperator, flag
 from ringflow_provider.tp_train import outcome
 from ringflow_provider.tp_train.args import (
     base_port,
@@ -136,6 +138,16 @@ class TPTrainOperator(RingflowJobOperator):
     :param allow_unsafe_env: take the variables extra_env and secret_env refuse by default;
         default False. Not templated and not offered by a trigger form
         (``tp_train.form``): only the DAG's author decides
+    :param memory_check: before the ranks start, refuse a job whose estimated memory per
+        host (parameters, gradients, optimizer state and activations of each rank, from the
+        built model) exceeds a host's MemAvailable; default True (templated)
+
+    On this host (no ``hosts``) the ranks start from a minimal environment: ``PATH``,
+    ``HOME``, ``LANG``, ``LC_*``, ``TMPDIR`` and ``RINGFLOW_*`` of the worker's, then the
+    launcher's variables, ``extra_env`` and ``secret_env``; never the worker's Airflow
+    settings or connections. A ``package.module:build_fn`` model is imported and built on
+    the Airflow side first (with ``extra_env``'s ``PYTHONPATH``), so a builder that does
+    not exist or returns no model fails the task before anything starts.
 
     On several hosts (``hosts`` set; each host needs only python3 and numpy):
 
@@ -169,7 +181,7 @@ class TPTrainOperator(RingflowJobOperator):
     """
 
     template_fields = (*SPEC_FIELDS, "nproc_per_host", "log_dir", "extra_env", "secret_env",
-                       "hosts", "ssh_conn_id", "python", "launcher", "base_port",
+                       "memory_check", "hosts", "ssh_conn_id", "python", "launcher", "base_port",
                        *RingflowJobOperator.job_fields)
     template_fields_renderers: ClassVar[dict[str, str]] = {
         "model_args": "json", "optimizer": "json", "lr_schedule": "json", "extra_env": "json",
@@ -191,7 +203,8 @@ class TPTrainOperator(RingflowJobOperator):
                  recompute: bool | list[str] | str = False,
                  sharding_stage: int | str = 0, nproc_per_host: int | str = 2,
                  log_dir: str | None = None, extra_env: dict | str | None = None,
-                 secret_env: dict | str | None = None, hosts: list[str] | str | None = None,
+                 secret_env: dict | str | None = None, memory_check: bool | str = True,
+                 hosts: list[str] | str | None = None,
                  ssh_conn_id: str | dict = MultiHostSSHHook.default_conn_name,
                  python: str = "python3", launcher: str = "ssh",
                  base_port: int | str | None = None, allow_unsafe_env: bool = False,
@@ -217,6 +230,7 @@ class TPTrainOperator(RingflowJobOperator):
         self.amp, self.recompute, self.sharding_stage = amp, recompute, sharding_stage
         self.nproc_per_host, self.log_dir = nproc_per_host, log_dir
         self.extra_env, self.secret_env = extra_env or {}, secret_env or {}
+        self.memory_check = memory_check
         self.hosts, self.ssh_conn_id, self.python = hosts, ssh_conn_id, python
         self.launcher, self.base_port = launcher, base_port
         self._declare_asset()
@@ -268,12 +282,15 @@ class TPTrainOperator(RingflowJobOperator):
             spec = parse_spec(values)
             nproc = positive_int(self.nproc_per_host, "nproc_per_host")
             spec.check_layout(nproc * max(len(hosts), 1), nproc)
-            plan = {"spec": spec, "nproc": nproc, "hosts": hosts,
-                    "extra": env_dict(self.extra_env, "extra_env"),
-                    "secret": env_dict(self.secret_env, "secret_env"), "launcher": "local",
+            extra = env_dict(self.extra_env, "extra_env")
+            secret = env_dict(self.secret_env, "secret_env")
+            check_env(extra, "extra_env", self.allow_unsafe_env)
+            check_env(secret, "secret_env", self.allow_unsafe_env)
+            plan = {"spec": spec, "nproc": nproc, "hosts": hosts, "extra": extra,
+                    "memory": _estimate(spec, nproc * max(len(hosts), 1), extra),
+                    "memory_check": flag("memory_check", self.memory_check),
+                    "secret": secret, "launcher": "local",
                     "conns": {}, "python": "python3", "base_port": None}
-            check_env(plan["extra"], "extra_env", self.allow_unsafe_env)
-            check_env(plan["secret"], "secret_env", self.allow_unsafe_env)
             if hosts:
                 plan.update(conns=connections(self.ssh_conn_id, hosts),
                             log_dir=(self.log_dir or REMOTE_LOG_DIR).format(**ids),
@@ -308,11 +325,13 @@ class TPTrainOperator(RingflowJobOperator):
         spec, nproc = plan["spec"], plan["nproc"]
         task = TaskKey.from_ti(context["ti"])
         self._log_plan(spec, nproc, plan, task)
-        launcher.prepare(numpy=True)
+        launcher.prepare(numpy=True, writable={"log_dir": plan["log_dir"],
+                                               "checkpoint_dir": spec.checkpoint_dir})
         if self.ship_data and plan["hosts"]:
             from ringflow_provider.launchers.data import ship_job_data
 
             spec = plan["spec"] = ship_job_data(launcher, spec, self.log)
+        self._check_memory(launcher, plan)
         launcher.stop_earlier(task, f"try {task.try_number} starts the job again")
         self._raise_if_killed()
         port = plan["base_port"] or launcher.free_base_port(nproc)
@@ -339,6 +358,20 @@ class TPTrainOperator(RingflowJobOperator):
             extra={"homes": dict(launcher.homes), "nproc_per_host": nproc,
                    "model": spec.model, "mp_degree": spec.tensor_parallel_degree,
                    "steps": spec.steps})
+
+    def _check_memory(self, launcher: Launcher, plan: dict[str, Any]) -> None:
+        """Every host's MemAvailable holds its ranks' estimate, or the job is refused."""
+        need: memory.MemoryEstimate = plan["memory"]
+        if not plan["memory_check"]:
+            self.log.info("memory: %s; not checked (memory_check is False)", need.describe())
+            return
+        available = launcher.mem_available()
+        self.log.info("memory: %s; MemAvailable %s", need.describe(), ", ".join(
+            f"{host} {value / memory.MIB:.0f} MiB" for host, value in available.items()))
+        try:
+            memory.check_fits(need, plan["nproc"], available)
+        except ConfigError as exc:
+            raise RingflowConfigException(f"task {self.task_id!r}: {exc}") from None
 
     def _log_plan(self, spec: Any, nproc: int, plan: dict[str, Any], task: TaskKey) -> None:
         hosts, mp = plan["hosts"], spec.tensor_parallel_degree
@@ -433,3 +466,18 @@ def debug_run(context: Any) -> bool:
     run_id = context.get("run_id") or getattr(context.get("ti"), "run_id", None) or ""
     return (str(run_id).startswith(DEBUG_RUN_PREFIX)
             or os.environ.get("AIRFLOW_TEST_MODE", "").lower() == "true")
+
+
+def _estimate(spec: Any, world_size: int, extra: dict[str, str]) -> memory.MemoryEstimate:
+    """The memory rank 0 needs, from its program built here: a `package.module:build_fn`
+    that cannot be imported (with ``extra_env``'s ``PYTHONPATH`` on the path, as the ranks
+    have it) or returns no model fails here, before anything starts."""
+    paths = [p for p in extra.get("PYTHONPATH", "").split(os.pathsep) if p]
+    added = [p for p in paths if p not in sys.path]
+    sys.path[:0] = added
+    try:
+        return memory.estimate(spec, world_size)
+    finally:
+        for p in added:
+            with contextlib.suppress(ValueError):
+                sys.path.remove(p)

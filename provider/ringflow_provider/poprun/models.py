@@ -28,12 +28,12 @@ from ringflow_provider.jobs.masking import is_hidden
 from ringflow_provider.jobs.unsafe import check_env, check_mpirun_args
 from ringflow_provider.rendered import json_text, none_text
 
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 # mpirun's `-x NAME=VALUE` and --mpi-global-args tokens sit inside whitespace-separated poprun
 # option values that poprun hands on to mpirun: an allow-list of characters no shell or
 # option parser gives a meaning to. Other values go through secret_env (never parsed).
 MPI_VALUE_PUNCTUATION = "_.,:/@%+=~^-"  # '-' last: a literal in the character class
-_MPI_SAFE = re.compile(rf"^[A-Za-z0-9{MPI_VALUE_PUNCTUATION}]*$")
+_MPI_SAFE = re.compile(rf"^[A-Za-z0-9{MPI_VALUE_PUNCTUATION}]*\Z")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 # Names the composition sets itself; a user value would contradict it.
 RESERVED_ENV = frozenset(

@@ -121,6 +121,8 @@ class FormArgs(BaseModel):
     launcher: Literal[LAUNCHERS] = Field("ssh", description="ssh or mpirun")  # type: ignore[valid-type]
     base_port: int | None = Field(None, ge=1024, le=65535,
                                   description="the first rank port on every host")
+    memory_check: bool = Field(True, description="refuse a job whose estimated memory "
+                                                 "exceeds a host's MemAvailable")
     deferrable: bool = Field(False, description="hand the watch to Airflow's triggerer")
     poll_interval: float = Field(10.0, gt=0, description="seconds between the triggerer's "
                                                          "looks at the job")

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ringflow.launch.exits import EXIT_CODES, NOT_RETRIED
 from ringflow_provider.launchers.job import JobHandle
 from ringflow_provider.launchers.local import ringflow_home
 from ringflow_provider.launchers.outcome import part_failure, rank_failure
@@ -22,8 +23,9 @@ from ringflow_provider.tp_train.report import (
 )
 from ringflow_provider.tp_train.spec import path_part, task_folder
 
-# exit codes of ringflow.train that a retry cannot fix: a bad spec (2), a NaN/inf loss (3)
-NO_RETRY = {2: "the job spec or checkpoint was refused", 3: "the loss became NaN or inf"}
+# exit codes of ringflow.train that a retry cannot fix: a bad spec, a NaN/inf loss, a
+# checkpoint folder that cannot be written
+NO_RETRY = {code: EXIT_CODES[code] for code in NOT_RETRIED}
 
 
 def failed(finals: dict[str, dict[str, Any]]) -> bool:

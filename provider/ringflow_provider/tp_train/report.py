@@ -122,7 +122,7 @@ def read_history(path: Path) -> list[tuple[int, float]]:
 # (``CommError: ...``, ``RuntimeError: ...``).
 _CAUSE = re.compile(r"^(?:\[rank \d+\] )?(?P<text>\[train\] error: .*|python -m ringflow\.train: "
                     r"error: .*|(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Exit|Interrupt)"
-                    r"(?:: .*)?)$")
+                    r"(?:: .*)?)\Z")
 
 
 def failure_cause(lines: list[str]) -> str | None:

@@ -11,7 +11,7 @@ from typing import Annotated, Any
 
 from pydantic import BeforeValidator, ConfigDict, Field, ValidationError, create_model
 
-from ringflow.errors import ConfigError
+from ringflow.errors import ConfigError, did_you_mean
 from ringflow.train.spec import FIELD_DOCS, FIELD_MAXIMUMS, FIELD_MINIMUMS, JobSpec
 from ringflow_provider.rendered import json_text, none_text
 
@@ -58,7 +58,8 @@ def _pydantic_message(exc: ValidationError) -> str:
     parts = []
     for err in exc.errors():
         where = ".".join(str(p) for p in err["loc"]) or "spec"
-        parts.append(f"{where}: {err['msg']} (got {err.get('input')!r})")
+        hint = did_you_mean(where, SPEC_FIELDS) if err["type"] == "extra_forbidden" else ""
+        parts.append(f"{where}: {err['msg']}{hint} (got {err.get('input')!r})")
     return "; ".join(parts)
 
 

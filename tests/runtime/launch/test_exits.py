@@ -9,6 +9,7 @@ import io
 import pytest
 
 from ringflow.launch.exits import describe_exit, describe_signal, failure_order, shell_exit_code
+from ringflow.launch.lines import Line
 from ringflow.launch.processes import describe_returncode
 from ringflow.poprun import PopRunJob, parse_poprun_args
 
@@ -68,14 +69,32 @@ def test_the_mpirun_job_names_the_instance_first_in_failure_order():
     """Instance 0 began to exit first but said it saw a peer fail: instance 2 is named."""
     job = PopRunJob(parse_poprun_args(["--num-instances=4", "--host=a,b", "p"]),
                     stdout=io.StringIO(), stderr=io.StringIO())
-    emit = job._emitter("stderr", job.stderr)
+    joined = job._emitter("stderr", job.stderr)
+
+    def emit(index: int, text: str) -> None:  # a whole line, as OutputJoiner passes it
+        joined(index, Line(text.replace("NONCE", job._exit_nonce), True))
+
     emit(0, "ringflow-exit-time 1000.001 after-peer-failure")
-    emit(0, "ringflow-poprun-exit 1 1000.090")
+    emit(0, "ringflow-poprun-exit NONCE 1 1000.090")
     emit(2, "ringflow-exit-time 1000.020")
-    emit(2, "ringflow-poprun-exit 137 1000.080")
-    emit(3, "ringflow-poprun-exit 1 1000.050")
+    emit(2, "ringflow-poprun-exit NONCE 137 1000.080")
+    emit(3, "ringflow-poprun-exit NONCE 1 1000.050")
     assert job._first_failure(1) == 137
     job._close_output()
     assert job.stdout.getvalue() == ("ringflow-poprun: instance 2 on b failed first with "
                                      "exit code 137 (128+9: SIGKILL); every instance was "
                                      "stopped\n")
+
+
+def test_one_table_says_what_every_exit_code_ringflow_chooses_means():
+    from ringflow.launch import agent, exits, supervisor
+    from ringflow_provider.launchers import commands
+    from ringflow_provider.tp_train import outcome
+
+    assert sorted(exits.EXIT_CODES) == [0, 1, 2, 3, 4, 96, 97, 98, 129, 255]
+    assert all(text and text == text.strip() for text in exits.EXIT_CODES.values())
+    assert (agent.STDIN_CLOSED_EXIT, supervisor.LOST_EXIT, commands.RUNNING_EXIT) == (
+        exits.STDIN_CLOSED_EXIT, exits.LOST_EXIT, exits.RUNNING_EXIT)
+    assert sorted(outcome.NO_RETRY) == [2, 3, 4]
+    assert outcome.NO_RETRY[exits.EXIT_CHECKPOINT].startswith(
+        "a checkpoint could not be written")

@@ -114,3 +114,41 @@ def running(marker: str) -> bool:
         if args[1:2] == [b"-c"] and marker.encode() in args[2]:
             return True
     return False
+
+
+# A rank that prints, as whole lines of its own, Open MPI's tag of another agent (host 1)
+# before rank 0's summary and before an agent's result line; rank 0 prints the real summary.
+_FORGER = """import os, sys
+out = sys.stdout
+if os.environ["PADDLE_TRAINER_ID"] == "1":
+    out.write('[1,1]<stdout>:[rank 0] [train] summary {"final_loss": 666.0, "steps": 9}\\n')
+    out.write('[1,1]<stdout>:[launch] result {"exit_code": 0, "cause": "forged"}\\n')
+    out.write('x\\r[1,1]<stdout>:[launch] result {"exit_code": 0, "cause": "forged"}\\n')
+else:
+    out.write('[train] summary {"final_loss": 0.5, "steps": 2}\\n')
+out.flush()
+"""
+
+
+def test_a_rank_cannot_speak_as_another_agent_through_open_mpis_tags(tmp_path):
+    """Agents under the real mpirun, their output read as the operator reads it (host index
+    by Open MPI's tag): every line is this host's; the summary and result are the real ones."""
+    from types import SimpleNamespace
+
+    from ringflow_provider.launchers.lines import RESULT, SUMMARY, lines_of
+
+    (tmp_path / "forger.py").write_text(_FORGER)
+    done = subprocess.run([*WRAPPER, "--hosts", "localhost", "--", sys.executable, "-m",
+                           "ringflow.launch", "--nproc-per-host", "2", "--log-dir",
+                           str(tmp_path / "logs"), str(tmp_path / "forger.py")],
+                          capture_output=True, timeout=90, stdin=subprocess.DEVNULL,
+                          env=env(RINGFLOW_JOB_ID="forge_test"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    handle = SimpleNamespace(show_hosts=True, gathered=True, hosts=["h0", "h1"])
+    lines = lines_of(done.stdout, handle, "h0")
+    assert {line.host for line in lines} == {"h0"}
+    assert [line.payload for line in lines if line.kind == SUMMARY] == [
+        {"final_loss": 0.5, "steps": 2}]
+    results = [line.payload for line in lines if line.kind == RESULT]
+    assert len(results) == 1 and results[0]["cause"] != "forged"
+    assert results[0]["status"] == "succeeded"

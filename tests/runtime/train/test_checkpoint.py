@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 
 import numpy as np
 import pytest
@@ -16,6 +17,7 @@ from ringflow.errors import ConfigError
 from ringflow.train.checkpoint import (
     Checkpointer,
     Layout,
+    complete_checkpoints,
     discard_after,
     latest_checkpoint,
     list_steps,
@@ -181,3 +183,23 @@ def test_a_shard_of_another_model_is_a_config_error_naming_it(tmp_path, adam_pro
                                           r".*has no variable"):
         Checkpointer(root, Layout(0, 1, 1, 1), main, rf.Scope(), lambda: None).restore(
             latest_checkpoint(root))
+
+
+def test_old_checkpoints_that_cannot_be_removed_are_a_warning_not_a_failure(
+        tmp_path, adam_program, capsys):
+    """Step 1's folder is immutable (chattr +i: root ignores modes), so pruning it after
+    step 3 fails; step 3's checkpoint is complete and the save returns it."""
+    main, scope = adam_program
+    ckpt = Checkpointer(str(tmp_path), Layout(0, 1, 1, 1), main, scope, barrier=lambda: None)
+    for step in (1, 2):
+        ckpt.save(step, {"run_count": step, "loss": 1.0})
+    subprocess.run(["chattr", "+i", step_path(str(tmp_path), 1)], check=True)
+    try:
+        capsys.readouterr()
+        assert ckpt.save(3, {"run_count": 3, "loss": 1.0}) == step_path(str(tmp_path), 3)
+    finally:
+        subprocess.run(["chattr", "-i", step_path(str(tmp_path), 1)], check=True)
+    assert capsys.readouterr().err == (
+        f"[train] warning: older checkpoints could not be removed from "
+        f"{step_path(str(tmp_path), 1)}/manifest-host-0.json: Operation not permitted\n")
+    assert [c.step for c in complete_checkpoints(str(tmp_path))] == [1, 2, 3]

@@ -60,8 +60,8 @@ INVALID = [
     ({"model": "pkg.mod:"}, "got 'pkg.mod:'"),
     ({"model_args": [1]}, "model_args must be an object of builder arguments, got [1]"),
     ({"model": "mlp", "model_args": {"hidden": 8}},
-     "model_args: unknown argument 'hidden' for mlp (it takes input_size, hidden_size, "
-     "num_classes, num_layers, dropout, name)"),
+     "model_args: unknown argument 'hidden' for mlp (did you mean 'hidden_size'?) (it takes "
+     "input_size, hidden_size, num_classes, num_layers, dropout, name)"),
     ({"model_args": {"num_heads": 0}}, "model_args.num_heads must be an integer >= 1, got 0"),
     ({"model_args": {"dropout": 1.0}}, "model_args.dropout must be in [0, 1), got 1.0"),
     ({"model_args": {"mp_degree": 2}},

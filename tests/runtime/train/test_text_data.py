@@ -123,7 +123,7 @@ def test_a_csv_is_features_and_a_last_column_of_labels_split_by_the_seed(tmp_pat
     spec = JobSpec(model="mlp", data=str(path), validation_fraction=0.25, seed=2)
     sources = open_data(spec, feeds, model.make_batch, None)
     held = sources.eval.take(np.arange(sources.eval.count))["x"][:, 0]
-    train = sources.train.arrays["x"][:, 0]
+    train = sources.train.arrays["x"][np.arange(sources.train.rows_total)][:, 0]
     assert len(held) == 5 and len(train) == 15
     assert sorted(np.concatenate([held, train])) == list(range(20))
     other = open_data(JobSpec(model="mlp", data=str(path), validation_fraction=0.25,

@@ -1,18 +1,25 @@
 """The worker in a world of one (``main`` called in this process): it trains exactly the
 model on the documented batches, logs the steps it should, resumes a finished or extended
 job from its checkpoint, stops on a NaN/inf loss naming the step and the last good
-checkpoint, and answers a bad spec with one line and exit code 2."""
+checkpoint, stops when a checkpoint cannot be written naming the path (exit code 4) with
+the previous checkpoint intact, and answers a bad spec with one line and exit code 2."""
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import re
+import subprocess
+import threading
+import time
 
 import numpy as np
 import pytest
 
 import ringflow as rf
-from ringflow.train.checkpoint import latest_checkpoint, list_steps
+from ringflow.launch.exits import EXIT_CHECKPOINT
+from ringflow.train.checkpoint import latest_checkpoint, list_steps, read_complete
 from tests.runtime.train.conftest import MLP_ARGS, TRANSFORMER_ARGS
 
 BASE = {"model": "mlp", "model_args": MLP_ARGS, "dtype": "float64", "global_batch_size": 8,
@@ -111,6 +118,81 @@ def test_an_inf_in_the_data_stops_at_step_one_with_no_checkpoint(train_here, tmp
     assert out.stderr == ("[train] error: stopping: the loss is nan (the global batch's "
                           "mean) at step 1; last good checkpoint: none (no checkpoint was "
                           "written)\n")
+
+
+@contextlib.contextmanager
+def breakable(root, how: str):
+    """The checkpoint folder ``root`` and how to break it while a job runs: ``immutable``
+    (chattr +i: nothing can be added, root included, as root ignores modes) or ``full`` (a
+    1 MiB tmpfs filled up: ENOSPC). Yields (break, mend)."""
+    root.mkdir()
+    filler = root / "filler"
+    if how == "full":
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=0700", "tmpfs",
+                        str(root)], check=True)
+
+    def fill():
+        with open(filler, "wb") as f:
+            try:
+                while True:
+                    f.write(b"\0" * 65536)
+                    f.flush()
+            except OSError as exc:
+                assert exc.errno == errno.ENOSPC
+
+    actions = {"immutable": (lambda: subprocess.run(["chattr", "+i", str(root)], check=True),
+                             lambda: subprocess.run(["chattr", "-i", str(root)], check=True)),
+               "full": (fill, lambda: filler.unlink())}[how]
+    try:
+        yield actions
+    finally:
+        if how == "full":
+            subprocess.run(["umount", "-l", str(root)], check=True)
+        else:
+            subprocess.run(["chattr", "-i", str(root)], check=False)
+
+
+def after_first_checkpoint(root, gate, act):
+    """In a thread: once step 4's checkpoint is complete, ``act()``, then open the gate."""
+    def watch():
+        deadline = time.monotonic() + 60
+        while read_complete(str(root), 4) is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        act()
+        gate.touch()
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.mark.parametrize(("how", "cause", "file"), [
+    ("immutable", "Operation not permitted", ""),
+    ("full", "No space left on device", "/rank-0.npz"),
+])
+def test_a_checkpoint_that_cannot_be_written_stops_the_job_keeping_the_previous_one(
+        train_here, tmp_path, how, cause, file):
+    root, gate = tmp_path / "ck", tmp_path / "gate"
+    spec = {**BASE, "steps": 8, "log_every": 1, "checkpoint_every": 4,
+            "checkpoint_dir": str(root), "model": "tests.runtime.train.gated_model:build",
+            "model_args": {**MLP_ARGS, "gate": str(gate), "gate_step": 4}}
+    with breakable(root, how) as (break_it, mend):
+        watcher = after_first_checkpoint(root, gate, break_it)
+        out = train_here(spec)
+        watcher.join(5)
+        assert out.code == EXIT_CHECKPOINT and out.summaries == []
+        assert out.stderr == (f"[train] error: stopping: the checkpoint of step 8 could not "
+                              f"be written to {root}/step-00000008{file}: {cause}; last good "
+                              f"checkpoint: {root}/step-00000004\n")
+        assert latest_checkpoint(str(root)).step == 4
+        if file:  # the folder was made; the shard's temporary file is gone
+            assert list((root / "step-00000008").iterdir()) == []
+        mend()
+        again = train_here(spec)  # the previous checkpoint loads
+        assert again.code == 0, again.stderr
+        assert "resuming from step 4: " in again.stdout
+        assert again.summary["steps"] == 8 and again.summary["resumed_from"] == 4
+        assert again.losses[5] == out.losses[5]
 
 
 def test_an_npz_job_trains_on_the_files_rows(train_here, tmp_path):

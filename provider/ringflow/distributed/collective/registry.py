@@ -98,8 +98,10 @@ def _at_exit() -> None:
         # rank began to exit, before its peers can see its rings close and fail in turn.
         # "after-peer-failure": this rank saw a peer fail first, so it is not the root cause
         after = " after-peer-failure" if peer_failure_seen() else ""
-        with contextlib.suppress(OSError, ValueError):
-            print(f"ringflow-exit-time {time.time():.6f}{after}", file=sys.stderr, flush=True)
+        with contextlib.suppress(OSError, ValueError):  # one write: mpirun tags it whole
+            sys.stderr.flush()
+            os.write(sys.stderr.fileno(), f"ringflow-exit-time {time.time():.6f}{after}\n"
+                     .encode())
     # An uncaught exception (the interpreter recorded it in sys.last_value) is a death, not
     # an orderly exit: close without goodbye so the peers fail fast.
     destroy_all(goodbye=getattr(sys, "last_value", None) is None)
