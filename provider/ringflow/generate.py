@@ -3,7 +3,9 @@
 transformer checkpoint of any layout, in this one process, with a key/value cache (no
 recomputation of the prefix per token; ``--no-cache`` recomputes, for comparison). Prints
 the prompt and the generated text, or with ``--json`` one JSON line ``{"prompt", "text",
-"tokens", "checkpoint", "step"}``. The same seed gives the same text.
+"tokens", "tokenizer", "checkpoint", "step"}`` (a model trained on token ids, an ``.npy``
+stream or synthetic data, takes and gives ids separated by spaces). The same seed gives
+the same text.
 
 Exit codes: 0 generated, 2 a bad argument or checkpoint (one line ``prog: error: ...``)."""
 
@@ -37,7 +39,8 @@ def generate(checkpoint: str, prompt: str, max_new_tokens: int = 200,
     tokens = decode.generate(decoder, ids, max_new_tokens, temperature, top_k, seed, cached,
                              tokenizer.vocab_size)
     return {"prompt": prompt, "text": tokenizer.decode(tokens), "tokens": tokens,
-            "checkpoint": restored.checkpoint.path, "step": restored.checkpoint.step}
+            "tokenizer": tokenizer.kind, "checkpoint": restored.checkpoint.path,
+            "step": restored.checkpoint.step}
 
 
 def _parser(prog: str) -> argparse.ArgumentParser:
@@ -77,7 +80,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m ringflow.generate
     if args.json:
         print(json.dumps(result), flush=True)
     else:
-        print(result["prompt"] + result["text"], flush=True)
+        between = " " if result["tokenizer"] == "ids" else ""   # ids are words
+        print(result["prompt"] + between + result["text"], flush=True)
     return 0
 
 

@@ -343,11 +343,10 @@ def open_data(spec, feeds: Mapping[str, Variable], make_batch,
     """The samples of ``spec`` (a JobSpec) for a model with these feed variables."""
     seed, batch = spec.seed, spec.global_batch_size
     if spec.data == "synthetic":
-        evals = None
+        evals, tok = None, None
         if spec.eval_data is not None:
             evals, tok = open_eval_set(spec.eval_data, feeds, spec.tokenizer, vocab_size)
-            return Sources(SyntheticData(make_batch, seed, batch), evals, tok)
-        return Sources(SyntheticData(make_batch, seed, batch), None, None)
+        return Sources(SyntheticData(make_batch, seed, batch), evals, tok)
     if is_arrays(spec.data):
         train = open_arrays(spec.data, feeds, seed, batch)
         evals = None

@@ -65,3 +65,21 @@ def test_a_non_finite_validation_loss_stops_the_job_naming_the_step(train_here, 
     assert out.code == 3, out.stdout + out.stderr
     assert "[train] error: stopping: the validation loss is inf at step 2;" in out.stderr
     assert [m["step"] for m in out.metrics] == [1]
+
+
+def test_a_model_of_token_ids_generates_ids_after_an_ids_prompt(train_here, tmp_path,
+                                                                capsys):
+    from ringflow.generate import main as generate_main
+    from tests.runtime.train.conftest import TRANSFORMER_ARGS
+
+    out = train_here({"model": "transformer", "model_args": TRANSFORMER_ARGS, "steps": 2,
+                      "global_batch_size": 4, "checkpoint_dir": str(tmp_path / "ck")})
+    assert out.code == 0, out.stderr
+    capsys.readouterr()
+    assert generate_main([str(tmp_path / "ck"), "--prompt", "1 2 3", "--max-new-tokens",
+                          "4", "--seed", "5"]) == 0
+    words = capsys.readouterr().out.split()
+    assert words[:3] == ["1", "2", "3"] and len(words) == 7
+    assert all(0 <= int(w) < TRANSFORMER_ARGS["vocab_size"] for w in words)
+    assert generate_main([str(tmp_path / "ck"), "--prompt", "hello"]) == 2
+    assert "give the prompt as ids separated by spaces" in capsys.readouterr().err
