@@ -13,6 +13,10 @@ $(STAMP): pyproject.toml setup.cfg
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test,plot]'
+	@# setuptools leaves the build's egg-info in provider/, which the editable install puts on
+	@# sys.path: a second copy of the distribution's metadata, so Airflow would load the
+	@# `airflow.plugins` entry point twice ("Plugin 'ringflow' already registered")
+	rm -rf provider/*.egg-info
 	touch $(STAMP)
 
 venv: $(STAMP)

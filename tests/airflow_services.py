@@ -33,6 +33,9 @@ from tests.airflow_env import VENV_BIN
 
 MARK_VAR = "RINGFLOW_AIRFLOW_SERVICES"  # inherited by every process the services start
 ADMIN = "admin"  # SimpleAuthManager's default user ([core] simple_auth_manager_users)
+# A second user with no role: signed in, but SimpleAuthManager grants it nothing, so it may
+# not read any DAG (the access tests' user who lacks access)
+OUTSIDER = "outsider"
 START_TIMEOUT_S = 150.0  # about 15 s on an idle 2-core machine
 STOP_TIMEOUT_S = 20.0
 TERMINAL_STATES = {"success", "failed"}
@@ -107,6 +110,7 @@ class AirflowServices:
             "AIRFLOW__CORE__PARALLELISM": "4",
             "AIRFLOW__CORE__AUTH_MANAGER": "airflow.api_fastapi.auth.managers.simple."
                                            "simple_auth_manager.SimpleAuthManager",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{ADMIN}:admin,{OUTSIDER}:",
             "AIRFLOW__API__HOST": "127.0.0.1",
             "AIRFLOW__API__PORT": str(self.port),
             "AIRFLOW__API__BASE_URL": self.base_url,
@@ -160,8 +164,12 @@ class AirflowServices:
 
     @property
     def admin_password(self) -> str:
+        return self.password(ADMIN)
+
+    def password(self, user: str) -> str:
+        """A user's password, as the api-server generated it."""
         path = self.home / "simple_auth_manager_passwords.json.generated"
-        return json.loads(path.read_text())[ADMIN]
+        return json.loads(path.read_text())[user]
 
     @property
     def api(self) -> AirflowAPI:

@@ -46,6 +46,16 @@ class ConfigError(RingflowError):
     """A configuration (job spec, CLI arguments, strategy, environment) is invalid."""
 
 
+class ConfigTypeError(ConfigError, TypeError):
+    """A ConfigError where Paddle raises TypeError (a value of the wrong type, an unknown
+    strategy option), so ``except TypeError`` written for Paddle keeps working."""
+
+
+class ConfigValueError(ConfigError, ValueError):
+    """A ConfigError where Paddle raises ValueError (``a_sync`` not a bool,
+    ``last_comm_group_size_MB <= 0``), so ``except ValueError`` keeps working."""
+
+
 def gathered(what: str, problems: Sequence[LaunchError | str]) -> LaunchError:
     """One error for what failed on several hosts (`what failed: a; b`): a
     HostUnreachableError (or FolderError) when every host failed that way, else a

@@ -251,8 +251,9 @@ class Executor:
         self._apply_lr_scheduler(program, scope)
         _check_persistables(block, scope)
         self._run_steps(plan, scope)
-        self._run_counts[id(program)] = self._run_counts.get(id(program), 0) + 1
-        if program.lr_scheduler is not None and not program._is_test:
+        runs = self._run_counts[id(program)] = self._run_counts.get(id(program), 0) + 1
+        if program.lr_scheduler is not None and not program._is_test \
+                and runs % program.runs_per_step == 0:
             program.lr_scheduler.step()
         missing = [name for name in fetch_names if name not in scope]
         if missing:
@@ -414,4 +415,4 @@ def _program_and_strategy(program: Any) -> tuple[Program, BuildStrategy]:
         return default_main_program(), DEFAULT_BUILD_STRATEGY
     if isinstance(program, CompiledProgram):
         return program.program, program.build_strategy
-    return program, DEFAULT_BUILD_STRATEGY
+    return program, program.build_strategy or DEFAULT_BUILD_STRATEGY

@@ -43,4 +43,8 @@ def get_provider_info() -> dict:
                 "python-modules": ["ringflow_provider.hooks.multi_ssh"],
             }
         ],
+        # The UI's training views (a plugin) are registered through the `airflow.plugins`
+        # entry point, which Airflow loads however providers are discovered; listing them
+        # under "plugins" here too would register them twice where providers load eagerly.
+        "extra-links": ["ringflow_provider.plugins.links.TrainingCurveLink"],
     }

@@ -12,6 +12,7 @@ import re
 import signal
 import time
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 
@@ -42,6 +43,12 @@ def job_processes(run_id: str) -> list[int]:
 def steps_logged(api, run_id: str, try_number: int = 1) -> list[int]:
     return [int(m.group(1)) for line in api.task_log(DAG, run_id, TASK, try_number)
             if (m := STEP.match(line))]
+
+
+def ui_metrics(services, run_id: str) -> dict:
+    """The training views' data of the run's task (GET /ringflow/api/metrics/...)."""
+    return services.api.get(f"{services.base_url}/ringflow/api/metrics/{DAG}/"
+                            f"{quote(run_id, safe='')}/{TASK}")
 
 
 def shm_of(job_id: str) -> list[str]:
@@ -75,6 +82,9 @@ def test_a_deferred_job_holds_no_worker_slot_and_reports_as_an_attached_one(
     log = api.task_log(DAG, deferred, TASK, 1)
     assert any(line.startswith("deferring: the triggerer watches job ") for line in log)
     assert steps_logged(api, deferred) == [1, *range(5, 61, 5)]   # through the triggerer
+    # the triggerer's progress records carry the numbers as fields, as the task's do
+    (watched,) = ui_metrics(airflow_services, deferred)["tries"]
+    assert [[p["step"], p["loss"]] for p in watched["points"]] == got["loss_history"]
     assert any(line.startswith("training finished") for line in log)
     assert not job_processes(deferred)
 
@@ -160,7 +170,7 @@ def _comm(pid: int) -> str:
 
 @pytest.mark.parametrize("on_existing", ["reattach", "restart"])
 def test_a_retry_after_the_task_process_was_killed_attaches_or_restarts(airflow_services,
-                                                                        on_existing):
+                                                                        on_existing, request):
     api = airflow_services.api
     steps = 300
     run = trigger(api, steps=steps, log_every=10, on_existing=on_existing)
@@ -205,3 +215,22 @@ def test_a_retry_after_the_task_process_was_killed_attaches_or_restarts(airflow_
         assert any(line.startswith(f"try 2: resuming from step {resumed}") for line in log)
         assert summary["loss_history"][0][0] > resumed
     assert not job_processes(run)
+    # the training views: both tries, try 2 going on where try 1's job was (re-attached) or
+    # from the checkpoint it resumed from (restarted)
+    first, second = ui_metrics(airflow_services, run)["tries"]
+    assert (first["try_number"], second["try_number"], second["state"]) == (1, 2, "success")
+    assert first["points"][-1]["step"] >= 120
+    assert second["resumed_from"] == summary["resumed_from"]
+    second_steps = [p["step"] for p in second["points"]]
+    assert second_steps == [s for s, _ in summary["loss_history"] if s >= second_steps[0]]
+    if on_existing == "restart":
+        assert first["points"][0]["step"] == 1 and second_steps[0] > summary["resumed_from"]
+        page = request.getfixturevalue("airflow_ui")
+        page.goto(f"{airflow_services.base_url}/dags/{DAG}/runs/{quote(run, safe='')}/tasks/"
+                  f"{TASK}/plugin/training")
+        frame = page.frame_locator("iframe[src*='/ringflow/']")
+        frame.locator("#loss-chart path.join").wait_for(state="attached")  # try 1 -> try 2
+        assert frame.locator("#loss-chart path.series").evaluate_all(
+            "paths => paths.map(p => p.dataset.series)") == ["try 1", "try 2"]
+        assert frame.locator("#loss-chart g.resume").text_content() == \
+            f"try 2 resumes at step {summary['resumed_from']}"

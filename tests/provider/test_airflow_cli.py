@@ -42,6 +42,8 @@ def test_distribution_declares_the_entry_point_and_dependencies():
               if ep.group == "apache_airflow_provider"]
     assert points == [("apache_airflow_provider", "provider_info",
                        "ringflow_provider:get_provider_info")]
+    plugins = [(ep.name, ep.value) for ep in dist.entry_points if ep.group == "airflow.plugins"]
+    assert plugins == [("ringflow", "ringflow_provider.plugins.plugin:RingflowPlugin")]
     # Dependencies as pyproject.toml declares them (an older editable install's metadata may
     # still list Airflow under an extra).
     text = (REPO / "pyproject.toml").read_text()

@@ -61,22 +61,26 @@ def make_op(sshd, ssh_conn, script, **overrides):
 
 
 class RecordingLog:
-    """Stands in for the operator's logger: keeps (level, message) in order."""
+    """Stands in for the operator's logger: keeps (level, message) in order, and the
+    structured fields of each record (keyword arguments, as Airflow's structlog takes them)
+    in `fields`, one dict per record."""
 
     def __init__(self):
         self.records: list[tuple[str, str]] = []
+        self.fields: list[dict] = []
 
-    def _add(self, level, msg, *args):
+    def _add(self, level, msg, *args, **fields):
         self.records.append((level, msg % args if args else msg))
+        self.fields.append(fields)
 
-    def info(self, msg, *args):
-        self._add("info", msg, *args)
+    def info(self, msg, *args, **fields):
+        self._add("info", msg, *args, **fields)
 
-    def warning(self, msg, *args):
-        self._add("warning", msg, *args)
+    def warning(self, msg, *args, **fields):
+        self._add("warning", msg, *args, **fields)
 
-    def error(self, msg, *args):
-        self._add("error", msg, *args)
+    def error(self, msg, *args, **fields):
+        self._add("error", msg, *args, **fields)
 
 
 def context(run_id=None, try_number=1, max_tries=0):

@@ -125,6 +125,10 @@ def test_a_job_returns_its_summary_logs_progress_and_writes_checkpoints(make, tm
     assert "step 8/12  loss " in text and "samples/s  eta " in text
     assert "[train] metric" not in text            # machine lines become progress lines
     assert "loss by step:" in text
+    # each progress record carries its numbers as fields (what the UI's views read)
+    progress = [f for (_, m), f in zip(op.log.records, op.log.fields) if m.startswith("step ")]
+    assert [[f["step"], f["loss"]] for f in progress] == summary["loss_history"]
+    assert all(set(f) == {"step", "loss", "lr", "samples_per_s"} for f in progress)
     assert (tmp_path / "logs" / "workerlog.1").exists()
     assert shm_left() == []
 
@@ -136,6 +140,15 @@ def test_amp_and_recompute_reach_the_job(make, tmp_path):
     spec = json.loads((tmp_path / "logs" / "spec.json").read_text())
     assert (spec["amp"], spec["recompute"]) == (True, True)
     assert "amp, recompute" in log_text(op)          # the ranks' job line
+    assert summary["steps"] == 4 and math.isfinite(summary["final_loss"])
+
+
+def test_gradient_accumulation_steps_reaches_the_job(make, tmp_path):
+    op = make(gradient_accumulation_steps="2", steps=4, model_args={
+        "input_size": 8, "hidden_size": 16, "num_classes": 4, "num_layers": 2})
+    summary = op.execute(ctx())
+    spec = json.loads((tmp_path / "logs" / "spec.json").read_text())
+    assert spec["gradient_accumulation_steps"] == 2
     assert summary["steps"] == 4 and math.isfinite(summary["final_loss"])
 
 
@@ -230,7 +243,10 @@ def test_a_rank_that_raises_fails_the_task_naming_rank_code_cause_and_log_tail(m
      "extra_env: LD_PRELOAD would load code into every rank"),
     ({"extra_env": {}, "secret_env": {"PYTHONSTARTUP": "/x.py"}, "allow_unsafe_env": False},
      "secret_env: PYTHONSTARTUP would load code into every rank"),
-], ids=["steps", "batch", "degree", "optimizer", "nproc", "unsafe-env", "unsafe-secret-env"])
+    ({"gradient_accumulation_steps": "2", "amp": "True"},
+     "gradient_accumulation_steps 2 does not combine with amp"),
+], ids=["steps", "batch", "degree", "optimizer", "nproc", "unsafe-env", "unsafe-secret-env",
+        "accumulation-amp"])
 def test_a_bad_value_fails_before_anything_starts_naming_it(make, tmp_path, overrides,
                                                            message):
     op = make(**overrides)
@@ -391,6 +407,7 @@ def test_a_retry_resumes_from_the_newest_checkpoint_and_says_so(make, tmp_path):
                  global_batch_size=512, log_dir=str(tmp_path / "logs2"))
     summary = retry.execute(ctx(try_number=2))
     assert f"try 2: resuming from step {newest}" in log_text(retry)
+    assert {"resume_step": newest} in retry.log.fields
     assert summary["resumed_from"] == newest
     assert [s for s, _ in summary["loss_history"]] == [newest + 1, newest + 2, newest + 3]
 

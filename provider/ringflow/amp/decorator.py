@@ -118,7 +118,7 @@ class OptimizerWithMixedPrecision:
                 self._update_loss_scaling(block, grads, found_inf)
         first = len(block.ops)
         optimize_ops = self._optimizer.apply_gradients(params_grads)
-        _skip_update_on_inf(block, block.ops[first:], found_inf)
+        skip_update_when(block, block.ops[first:], found_inf)
         return optimize_ops
 
     def _check_finite_and_unscale(self, block: Block, grads: list[Variable]) -> Variable:
@@ -152,7 +152,7 @@ class OptimizerWithMixedPrecision:
         return optimize_ops, params_grads
 
 
-def _skip_update_on_inf(block: Block, update_ops: list, found_inf: Variable) -> None:
+def skip_update_when(block: Block, update_ops: list, found_inf: Variable) -> None:
     """Brackets ``update_ops`` with skip_update_begin/end over every persistable variable
     they write (parameters, moments, beta powers), so a step with non-finite gradients
     leaves all of them as they were (Paddle hands FoundInfinite to adam/adamw/lamb as

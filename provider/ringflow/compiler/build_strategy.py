@@ -50,6 +50,21 @@ class BuildStrategy:
                 raise ConfigError(f"BuildStrategy.{f.name} must be True or False, got "
                                   f"{value!r}")
 
+    def as_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_dict(cls, values: Any) -> BuildStrategy:
+        """A BuildStrategy of the fields in ``values`` (the others default)."""
+        if not isinstance(values, dict):
+            raise ConfigError(f"BuildStrategy fields must be a dict, got {values!r}")
+        known = [f.name for f in fields(cls)]
+        unknown = sorted(set(values) - set(known))
+        if unknown:
+            raise ConfigError(f"BuildStrategy has no field {unknown[0]!r}; fields: "
+                              f"{', '.join(known)}")
+        return cls(**values)
+
     @property
     def bucket_bytes(self) -> int:
         return int(self.fuse_grad_size_in_MB * (1 << 20))

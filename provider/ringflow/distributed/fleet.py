@@ -28,8 +28,11 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from ringflow.compiler.build_strategy import DEFAULT_BUILD_STRATEGY
 from ringflow.distributed import meta_optimizers
 from ringflow.distributed.collective import api as collective
+from ringflow.distributed.hybrid import apply_hybrid, hybrid_degrees
+from ringflow.distributed.meta_optimizers import fp16_allreduce, gradient_merge
 from ringflow.distributed.meta_optimizers.base import MetaOptimizerBase
 from ringflow.distributed.meta_optimizers.compiler import MetaOptimizerFactory, StrategyCompiler
 from ringflow.distributed.role_maker import (
@@ -40,7 +43,7 @@ from ringflow.distributed.role_maker import (
 )
 from ringflow.distributed.strategy import DistributedStrategy
 from ringflow.errors import ConfigError
-from ringflow.framework.program import program_guard
+from ringflow.framework.program import default_startup_program, program_guard
 
 __all__ = [
     "DistributedStrategy", "Fleet", "PaddleCloudRoleMaker", "Role", "UserDefinedRoleMaker",
@@ -49,6 +52,8 @@ __all__ = [
 ]
 
 log = logging.getLogger("ringflow.distributed")
+# the option names fleet has warned about in this process (one warning per job)
+_warned_without_effect: set[str] = set()
 
 
 class DistributedOptimizer:
@@ -67,6 +72,12 @@ class DistributedOptimizer:
 
     def minimize(self, loss, startup_program=None, parameter_list=None, no_grad_set=None):
         strategy = copy.deepcopy(self.user_defined_strategy)  # the user's stays as given
+        _check_world(strategy, self._role_maker)
+        apply_hybrid(strategy, self._role_maker._worker_num())
+        _warn_without_effect(strategy, self._role_maker)
+        merge_steps = gradient_merge.check_strategy(strategy) \
+            if self._role_maker._is_collective else 0
+        half_allreduce = fp16_allreduce.check_strategy(strategy)
         context: dict[str, Any] = {"user_defined_strategy": strategy,
                                    "user_defined_optimizer": self.user_defined_optimizer,
                                    "role_maker": self._role_maker}
@@ -84,13 +95,18 @@ class DistributedOptimizer:
         chosen = compiler._meta_optimizers + compiler._graph_optimizers
         context["valid_strategy"] = _valid_strategy(
             strategy, [opt for opt in candidates if not any(opt is c for c in chosen)])
-        context["applied_meta_list"] = compiler._get_applied_meta_list()
+        context["applied_meta_list"] = ["GradientMergeOptimizer"] * bool(merge_steps) \
+            + compiler._get_applied_meta_list()
         context["applied_graph_list"] = compiler._get_applied_graph_list()
         self._context = context
         log.info("[rank %d] fleet: applied meta optimizers %s; strategy: %s",
                  self._role_maker._worker_index(), context["applied_meta_list"],
                  ", ".join(context["valid_strategy"]._settings()) or "all defaults")
-        return self._run(meta, graph, loss, startup_program, parameter_list, no_grad_set)
+        result = self._run(meta, graph, loss, startup_program, parameter_list, no_grad_set)
+        startup = startup_program if startup_program is not None \
+            else default_startup_program()
+        _after_chain(strategy, loss.block.program, startup, merge_steps, half_allreduce)
+        return result
 
     def _recall(self, candidates: list[MetaOptimizerBase], loss, strategy: DistributedStrategy,
                 ) -> tuple[list[MetaOptimizerBase], list[MetaOptimizerBase]]:
@@ -131,6 +147,49 @@ class DistributedOptimizer:
         return self._context.get("valid_strategy")
 
 
+def _after_chain(strategy: DistributedStrategy, main, startup, merge_steps: int,
+                 half_allreduce: bool) -> None:
+    """What fleet does to the programs the chain built: the BuildStrategy the main program
+    runs with, the rings' all-reduce in two levels or one (when the script set
+    use_hierarchical_allreduce), float16 gradient all-reduces, gradient merge."""
+    build_strategy = strategy._effective_build_strategy()
+    if build_strategy != DEFAULT_BUILD_STRATEGY:
+        main.build_strategy = build_strategy
+    if "use_hierarchical_allreduce" in strategy._assigned:
+        # the script chose: two levels where a host has several ranks of a ring, or one ring
+        for op in startup.global_block().ops:
+            if op.type == "c_comm_init":
+                op._set_attr("use_hierarchical_allreduce",
+                             int(strategy.use_hierarchical_allreduce))
+    if half_allreduce:
+        fp16_allreduce.apply(main.global_block())
+    if merge_steps:
+        gradient_merge.apply(main.global_block(), startup.global_block(), merge_steps,
+                             strategy.gradient_merge_configs["avg"])
+
+
+def _check_world(strategy: DistributedStrategy, role_maker: RoleMakerBase) -> None:
+    """What the strategy asks that this world cannot run, as a ConfigError: pipeline
+    parallelism over several ranks, hybrid degrees whose product is not the world."""
+    world = role_maker._worker_num()
+    if strategy.pipeline and world > 1:
+        raise ConfigError(f"strategy.pipeline=True with {world} ranks: pipeline parallelism is "
+                          "not supported by ringflow (tensor parallelism, data parallelism "
+                          "and sharding are)")
+    hybrid_degrees(strategy, world)
+
+
+def _warn_without_effect(strategy: DistributedStrategy, role_maker: RoleMakerBase) -> None:
+    """One warning (rank 0, once per process) naming each option set to a value other
+    than its default that ringflow gives no effect."""
+    names = [n for n in strategy._set_without_effect() if n not in _warned_without_effect]
+    if not names or role_maker._worker_index() != 0:
+        return
+    _warned_without_effect.update(names)
+    log.warning("[rank 0] fleet: DistributedStrategy options set that have no effect in "
+                "ringflow (accepted for Paddle compatibility): %s", ", ".join(names))
+
+
 def _valid_strategy(strategy: DistributedStrategy,
                     left_out: list[MetaOptimizerBase]) -> DistributedStrategy:
     """A copy of ``strategy`` with the feature of every candidate left out (not applicable
@@ -164,6 +223,8 @@ class Fleet:
             raise ConfigError(f"fleet.init: role_maker must be a role maker such as "
                               f"PaddleCloudRoleMaker, got {type(role_maker).__name__}")
         role_maker._generate_role()  # a bad env fails here, not at minimize
+        if strategy is not None:
+            _check_world(strategy, role_maker)
         self._role_maker = role_maker
         self._is_collective = role_maker._is_collective
         self._user_defined_strategy = copy.deepcopy(strategy)

@@ -201,6 +201,12 @@ class Program:
         self.blocks: list[Block] = [Block(self, 0)]
         self.random_seed = 0
         self.lr_scheduler = None  # set by an optimizer whose learning rate is a scheduler
+        # runs of this program per training step: the scheduler steps after the last of
+        # them (fleet's gradient_merge: k micro-steps, one update)
+        self.runs_per_step = 1
+        # the BuildStrategy the executor runs a plain Program with (None: the default);
+        # fleet sets it from DistributedStrategy's build_strategy and fusion options
+        self.build_strategy = None
         self._version = 0
         self._name_counter = itertools.count()
         self._current_role = OpRole.Forward

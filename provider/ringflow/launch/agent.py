@@ -79,6 +79,11 @@ class Worker:
         """It reported that it saw a peer fail before it did (a consequence, not a cause)."""
         return self.pump is not None and self.pump.after_peer_failure
 
+    @property
+    def blamed_rank(self) -> int | None:
+        """The global rank of the peer it saw fail, where it said."""
+        return self.pump.blamed_rank if self.pump is not None else None
+
     def check_exit(self) -> bool:
         """Record the exit status once the process ended (without reaping it)."""
         if self.returncode is None:
@@ -406,7 +411,7 @@ def _rank_result(w: Worker) -> RankResult:
     return RankResult(rank=w.rank, local_rank=w.local_rank, pid=w.proc.pid,
                       returncode=w.returncode, exit_code=code, signal=sig,
                       ended_at=w.began_exit_at, after_peer_failure=w.after_peer_failure,
-                      stopped_by_launcher=w.stopped)
+                      stopped_by_launcher=w.stopped, blamed_rank=w.blamed_rank)
 
 
 def _pidfd(pid: int) -> int | None:

@@ -68,13 +68,19 @@ EXIT_TIME_PREFIX = b"ringflow-exit-time "
 AFTER_PEER_FAILURE = b"after-peer-failure"
 
 
-def _exit_report(line: bytes) -> tuple[float, bool] | None:
-    """(unix time, whether it saw a peer fail first) of an exit report line."""
+def _exit_report(line: bytes) -> tuple[float, bool, int | None] | None:
+    """(unix time, whether it saw a peer fail first, the global rank it blamed) of an exit
+    report line: `ringflow-exit-time T [after-peer-failure [R]]`."""
     words = line[len(EXIT_TIME_PREFIX):].split()
     try:
-        return float(words[0]), words[1:] == [AFTER_PEER_FAILURE]
+        at = float(words[0])
     except (ValueError, IndexError):
         return None
+    after = words[1:2] == [AFTER_PEER_FAILURE]
+    blamed = int(words[2]) if after and len(words) == 3 and words[2].isdigit() else None
+    if len(words) > (3 if blamed is not None else 2 if after else 1):
+        return None
+    return at, after, blamed
 
 
 class LogPump(threading.Thread):
@@ -90,6 +96,7 @@ class LogPump(threading.Thread):
         self._partial_prefix = f"[rank {rank}]{PARTIAL_MARK} ".encode()
         self.began_exit_at: float | None = None  # the worker's own report (unix time)
         self.after_peer_failure = False  # ... saying it saw a peer fail before
+        self.blamed_rank: int | None = None  # ... and which (global rank), where known
         self._log = open(log_path, "wb")  # noqa: SIM115 - closed when the pipe ends
         self.lines = LinePieces(on_piece=self._piece,
                                 on_crlf_rest=lambda: self._log.write(b"\n"))
@@ -108,7 +115,7 @@ class LogPump(threading.Thread):
         if whole and data.startswith(EXIT_TIME_PREFIX):
             report = _exit_report(data)
             if report is not None:  # for the launcher, not for people
-                self.began_exit_at, self.after_peer_failure = report
+                self.began_exit_at, self.after_peer_failure, self.blamed_rank = report
                 return
         self._log.write(data + ending)
         self._console.write_line(self._prefix if whole else self._partial_prefix, data)

@@ -39,8 +39,28 @@ class AgentsJob(MpirunJob):
                 f"({','.join(hosts)}), started by Open MPI's mpirun"]
 
 
+def keepalive_args(heartbeat_s: float | None) -> tuple[str, ...]:
+    """Open MPI's own links (mpirun <-> each host's daemon) probed like the ranks' links:
+    idle for the heartbeat timeout, then 3 probes a quarter of it apart. A daemon cut off
+    from mpirun ends itself then (and with it what it started), instead of after TCP's
+    default of hours; mpirun notices a lost daemon as soon."""
+    if heartbeat_s is None or not heartbeat_s > 0:
+        return ()
+    idle, interval = max(1, round(heartbeat_s)), max(1, round(heartbeat_s / 4))
+    return ("--mca", "oob_tcp_keepalive_time", str(idle), "--mca", "oob_tcp_keepalive_intvl",
+            str(interval), "--mca", "oob_tcp_keepalive_probes", "3")
+
+
+def heartbeat_of(environ: dict[str, str]) -> float | None:
+    try:
+        return float(environ.get("RINGFLOW_HEARTBEAT_TIMEOUT") or "20")
+    except ValueError:
+        return None
+
+
 def agents_plan(hosts: list[str], agent: list[str], exports: list[str],
-                mpi_args: str, secrets: list[str] = ()) -> MpirunPlan:
+                mpi_args: str, secrets: list[str] = (),
+                heartbeat_s: float | None = None) -> MpirunPlan:
     """One agent per host (MPI rank = host index), each exported the variables `exports`
     names (bare `-x NAME`: values never on a command line) and given the `secrets` (over
     SSH, never through mpirun: `ringflow.launch.secret_drop`)."""
@@ -53,7 +73,8 @@ def agents_plan(hosts: list[str], agent: list[str], exports: list[str],
         global_args = tuple(shlex.split(mpi_args))
     except ValueError as exc:
         raise ConfigError(f"--mpi-args: cannot split {mpi_args!r} into options ({exc})") from None
-    return MpirunPlan(contexts, global_args, secrets=tuple(secrets))
+    return MpirunPlan(contexts, keepalive_args(heartbeat_s) + global_args,
+                      secrets=tuple(secrets))
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -90,7 +111,8 @@ def main(argv: list[str] | None = None) -> int:
         missing = [n for n in names if n not in environ]
         if missing:
             raise ConfigError(f"--export names variables that are not set: {missing}")
-        plan = agents_plan(list(hosts), ns.agent, names, ns.mpi_args, list(secrets))
+        plan = agents_plan(list(hosts), ns.agent, names, ns.mpi_args, list(secrets),
+                           heartbeat_of(environ))
     except ConfigError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2

@@ -51,6 +51,12 @@ LEFT_GRACE_S = 2  # this host's processes that outlived mpirun: SIGTERM, then SI
 DRAIN_S = 5  # output still in the pipes after mpirun's exit
 SWEEP_TIMEOUT_S = 30
 POLL_S = 0.2
+# how the job names the processes it gave up on (the provider reads it to name lost hosts)
+SILENT_WORDS = "no exit report from process(es)"
+# after a process failed, how long mpirun may go on waiting for processes that sent no exit
+# report: Open MPI waits for a daemon on a host that vanished until TCP gives up (minutes)
+SILENT_GRACE_S = 10.0
+SILENT_KILL_S = 2.0  # ... then SIGTERM, and SIGKILL this long after (it waits for them too)
 _PR_SET_PDEATHSIG = 1
 _SWEEP = ("import sys\nfrom ringflow.launch.shm import sweep_job_segments\n"
           "removed = sweep_job_segments(sys.argv[1])\n"
@@ -119,6 +125,7 @@ class MpirunJob:
         self._exits: list[tuple[float, int, int]] = []  # (time, index, exit code)
         self._began_exit: dict[int, float] = {}
         self._after_peer_failure: set[int] = set()  # processes that reported seeing one
+        self.silent: list[int] = []  # processes that never reported after another failed
 
     # output -------------------------------------------------------------------------------
     def say(self, text: str) -> None:
@@ -219,7 +226,7 @@ class MpirunJob:
             code = self._run_mpirun(argv, env)
         finally:
             self._stop_leftovers(identity.token)
-            for problem in drop.remove():
+            for problem in drop.remove(lost={self.plan.host_of(i) for i in self.silent}):
                 self.say(f"warning: {problem}")
         if code != 0:
             code = self._first_failure(code)
@@ -266,19 +273,50 @@ class MpirunJob:
         proc = self._proc
         assert proc is not None
         stop_by: float | None = None
+        failed_at: float | None = None
         while True:
             try:
                 return proc.wait(timeout=POLL_S)
             except subprocess.TimeoutExpired:
                 pass
+            if failed_at is None and any(code != 0 for _, _, code in self._exits):
+                failed_at = time.monotonic()
+            if failed_at is not None and not self.silent and self._stop_cause is None and \
+                    time.monotonic() - failed_at > self._silent_grace():
+                self._give_up_silent(proc)
+                stop_by = time.monotonic() + SILENT_KILL_S
             if self.lifeline is not None and self.lifeline.ended.is_set():
                 self._stop(self.lifeline.reason or "the end of stdin", 129)
             if self._stop_cause is not None and stop_by is None:
                 stop_by = time.monotonic() + STOP_GRACE_S
             if stop_by is not None and time.monotonic() > stop_by:
-                self.say(f"mpirun did not stop within {STOP_GRACE_S} s of SIGTERM: SIGKILL")
+                grace = SILENT_KILL_S if self.silent else STOP_GRACE_S
+                self.say(f"mpirun did not stop within {grace:g} s of SIGTERM: SIGKILL")
                 proc.kill()
                 return proc.wait(timeout=STOP_GRACE_S)
+
+    def _silent_grace(self) -> float:
+        """SILENT_GRACE_S, at most a quarter of the ranks' heartbeat timeout (at least 2 s): the
+        ranks of a healthy host end about when the first failed one does (each missed the same
+        heartbeats)."""
+        try:
+            heartbeat = float(self.environ.get("RINGFLOW_HEARTBEAT_TIMEOUT") or "nan")
+        except ValueError:
+            heartbeat = float("nan")
+        if not heartbeat > 0:
+            return SILENT_GRACE_S
+        return min(SILENT_GRACE_S, max(2.0, heartbeat / 4))
+
+    def _give_up_silent(self, proc: subprocess.Popen[bytes]) -> None:
+        """A process failed and others sent no exit report since: their hosts are lost (or
+        hung). Name them and stop mpirun, which would wait for their daemons for minutes."""
+        reported = {index for _, index, _ in self._exits}
+        self.silent = [i for i in range(len(self.plan.contexts)) if i not in reported]
+        where = ", ".join(f"{i} on {self.plan.host_of(i)}" for i in self.silent)
+        self.say(f"{SILENT_WORDS}: {where}, {self._silent_grace():g} s after another process "
+                 "failed (its host unreachable or hung); stopping mpirun")
+        with contextlib.suppress(ProcessLookupError):
+            proc.terminate()
 
     def _stop_leftovers(self, token: str) -> None:
         left = job_processes(token, exclude=ancestors())
@@ -346,8 +384,13 @@ class MpirunJob:
 
     def _sweep(self, job_id: str, env: dict[str, str]) -> None:
         """Remove the job's shared memory that killed ringflow workers left, on every host
-        (one process per host, under mpirun); best effort, within SWEEP_TIMEOUT_S."""
-        hosts = self.plan.hosts
+        (one process per host, under mpirun); best effort, within SWEEP_TIMEOUT_S. Hosts
+        given up as silent are left out (mpirun would wait for them); their own agents sweep
+        what their ranks left when those end."""
+        lost = {self.plan.host_of(i) for i in self.silent}
+        hosts = [h for h in self.plan.hosts if h not in lost]
+        if not hosts:
+            return
         argv = one_per_host_argv(self.mpirun, hosts, self.plan.global_args, env,
                                  [sys.executable, "-c", _SWEEP, job_id])
         try:

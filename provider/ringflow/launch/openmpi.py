@@ -15,13 +15,15 @@ import re
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from ringflow.errors import ConfigError
 from ringflow.launch.env import JOB_ID_VAR, JOB_TOKEN_VAR
 from ringflow.launch.exits import SETUP_EXIT
 from ringflow.launch.lines import MAX_LINE_BYTES, Line, LinePieces
 from ringflow.launch.secret_drop import SECRETS_DIR_VAR
 
 __all__ = ["EXIT_LINE", "EXIT_NONCE_VAR", "INSTANCE_SH", "RANK_EXIT_LINE", "AppContext",
-           "MpirunPlan", "OutputJoiner", "base_argv", "context_argv", "exported_names",
+           "MpirunPlan", "OutputJoiner", "base_argv", "check_no_separator", "context_argv",
+           "exported_names",
            "exported_values", "mpirun_argv", "one_per_host_argv"]
 
 # Exported from the job's own environment to every process, as poprun does, when set; the
@@ -56,7 +58,7 @@ INSTANCE_SH = (SECRETS_SH + f'n="${{{EXIT_NONCE_VAR}:-}}"; unset {EXIT_NONCE_VAR
 EXIT_LINE = re.compile(rf"^{EXIT_MARK} (\S+) (\d+) (\d+(?:\.\d+)?)\Z")
 # A ringflow worker's own line, printed as it begins to exit, before its rings close (so
 # before any peer can fail because of it): with RINGFLOW_REPORT_EXIT_TIME=1 in its env.
-RANK_EXIT_LINE = re.compile(r"^ringflow-exit-time (\d+(?:\.\d+)?)( after-peer-failure)?\Z")
+RANK_EXIT_LINE = re.compile(r"^ringflow-exit-time (\d+(?:\.\d+)?)( after-peer-failure(?: \d+)?)?\Z")
 # mpirun's own report of the first failure (Open MPI 4 and 5).
 FAILED_RANK = re.compile(r"Process name:\s*\[\[\d+,\d+\],(\d+)\]")
 FAILED_CODE = re.compile(r"Exit code:\s*(-?\d+)")
@@ -121,8 +123,18 @@ def exported_values(options: Sequence[str]) -> dict[str, str]:
             for name, eq, value in [item.partition("=")] if eq}
 
 
+def check_no_separator(tokens: Sequence[str], what: str) -> None:
+    """mpirun reads a `:` token anywhere on its command line as the start of another app
+    context (another program it runs): none may come from a program's arguments or from
+    options given to mpirun."""
+    if ":" in tokens:
+        raise ConfigError(f"{what}: a ':' token would make Open MPI's mpirun start another "
+                          f"program; pass it inside a token (e.g. --opt=:)")
+
+
 def base_argv(mpirun: str, global_args: Sequence[str], as_root: bool | None = None) -> list[str]:
     """mpirun and its options for the whole job (root must say it means it)."""
+    check_no_separator(global_args, "mpirun's global options")
     if as_root is None:
         as_root = os.geteuid() == 0
     return [mpirun, *(["--allow-run-as-root"] if as_root else []), "--tag-output",
@@ -150,6 +162,8 @@ def context_argv(ctx: AppContext, environ: Mapping[str, str], secrets: Collectio
     PASS_THROUGH or JOB_VARS (bare), its env, the exit-time report, the sh around argv.
     With `secrets_dir` the `secrets` (and the job token) are no `-x`: the sh reads them
     from its file there."""
+    check_no_separator(ctx.options, f"the mpirun options of the process on {ctx.host}")
+    check_no_separator(ctx.argv, f"the program of the process on {ctx.host}")
     hidden = {*secrets, JOB_TOKEN_VAR} if secrets_dir else set()
     options = without_exports(ctx.options, hidden)
     taken = exported_names(options)
@@ -182,6 +196,7 @@ def one_per_host_argv(mpirun: str, hosts: Sequence[str], global_args: Sequence[s
                       environ: Mapping[str, str], argv: Sequence[str],
                       as_root: bool | None = None) -> list[str]:
     """mpirun's argv that runs `argv` once on each host (with PATH and PYTHONPATH)."""
+    check_no_separator(argv, "the program mpirun runs on each host")
     return [*base_argv(mpirun, global_args, as_root), "-np", str(len(hosts)),
             "-H", ",".join(f"{host}:1" for host in hosts), "--map-by", "node",
             *(part for name in ("PATH", "PYTHONPATH") if name in environ

@@ -101,6 +101,16 @@ def scan_processes() -> list[tuple[int, str, int, int]]:
     return rows
 
 
+def stopped_processes(pids: Iterable[int]) -> list[int]:
+    """Those of `pids` that are stopped (state T or t: SIGSTOP, a debugger)."""
+    stopped = []
+    for pid in pids:
+        fields = _stat_fields(PROC / str(pid))
+        if fields is not None and fields[0] in "Tt":
+            stopped.append(pid)
+    return stopped
+
+
 def live_groups(pgids: Iterable[int]) -> set[int]:
     """The groups among `pgids` with a member that is not a zombie.
 

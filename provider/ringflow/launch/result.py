@@ -26,6 +26,8 @@ class RankResult:
     ended_at: float | None
     after_peer_failure: bool  # it reported seeing a peer fail first (not the root cause)
     stopped_by_launcher: bool  # still running when the launcher began stopping the job
+    # after_peer_failure: the global rank of the peer it saw fail (went silent, died, ...)
+    blamed_rank: int | None = None
 
 
 @dataclass(frozen=True)

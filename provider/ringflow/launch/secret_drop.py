@@ -19,7 +19,7 @@ import shlex
 import shutil
 import socket
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 
 from ringflow.errors import LaunchError
@@ -105,11 +105,14 @@ class SecretDrop:
             raise LaunchError(f"cannot {what} to {host} over {self.rsh[0]} (exit "
                               f"{done.returncode}): {said[-1]}")
 
-    def remove(self) -> list[str]:
+    def remove(self, lost: Collection[str] = ()) -> list[str]:
         """Remove the folder on every host it was delivered to; what could not be (best
-        effort: the processes that read their files removed them already)."""
-        failed = []
-        for host in self._delivered:
+        effort: the processes that read their files removed them already). Hosts in `lost`
+        (given up as unreachable) are not waited for: named as not done."""
+        failed = [f"cannot remove the secrets folder on {host}: it was given up as lost (its "
+                  "processes removed their files when they read them)"
+                  for host in self._delivered if host in lost]
+        for host in [h for h in self._delivered if h not in lost]:
             if is_this_host(host):
                 shutil.rmtree(Path(self.folder), ignore_errors=True)
                 continue

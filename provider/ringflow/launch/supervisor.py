@@ -38,6 +38,7 @@ from ringflow.launch.processes import (
     live_groups,
     reap_orphans,
     signal_group,
+    stopped_processes,
     terminate_group,
 )
 from ringflow.launch.stdin import encode_secrets, parse_secrets, read_line
@@ -529,6 +530,10 @@ def _stdin_ended(timeout_s: float) -> bool:
 
 
 # -- stop ----------------------------------------------------------------------------------
+# what a stop says of a job whose processes it found halted (the launcher names the host frozen)
+FROZEN_WORDS = "frozen (stopped by SIGSTOP)"
+
+
 def _request_stop(job_dir: Path, why: str) -> str:
     """Ask the supervisor to stop the job (it records `why`); if no supervisor lives, stop
     what is left of the job here. Returns what was done."""
@@ -542,12 +547,22 @@ def _request_stop(job_dir: Path, why: str) -> str:
         with os.fdopen(fd, "w") as f:
             f.write(why[:500] + "\n")
     pid = status.get("supervisor_pid")
-    if jobdir.supervisor_alive(job_dir) and isinstance(pid, int) and pid > 1:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
-            return f"asked the supervisor (pid {pid}) to stop the job: {why}"
     marker = status.get("marker")
     left = marked_processes(marker) if isinstance(marker, str) and marker else []
+    if jobdir.supervisor_alive(job_dir) and isinstance(pid, int) and pid > 1:
+        # a frozen job (SIGSTOP: the host's processes halted) cannot act on the request:
+        # continue it, so the supervisor stops it and its ranks can end
+        frozen = stopped_processes([pid, *left])
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+            for stopped in frozen:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(stopped, signal.SIGCONT)
+            said = f"asked the supervisor (pid {pid}) to stop the job: {why}"
+            if frozen:
+                said += (f"; {len(frozen)} of its {len(left) + 1} processes were {FROZEN_WORDS}"
+                         ", continued so that they can end")
+            return said
     for pid in left:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)

@@ -120,8 +120,12 @@ def _out_holding_x(ctx) -> np.ndarray:
 
 
 @_register("c_comm_init", inputs=[], outputs=[],
-           attrs={"ring_id": 0, "nranks": 1, "rank": 0, "endpoints": ""})
+           attrs={"ring_id": 0, "nranks": 1, "rank": 0, "endpoints": "",
+                  "use_hierarchical_allreduce": -1})
 def _c_comm_init(ctx) -> None:
+    """``use_hierarchical_allreduce`` (fleet's strategy option when the script set it): 1
+    all-reduces in two levels where a host has several ranks of the ring, 0 in one flat
+    ring, -1 as RINGFLOW_TWO_LEVEL says (default: two levels)."""
     ring_id, rank, nranks = (int(ctx.attr(k)) for k in ("ring_id", "rank", "nranks"))
     program_ids = _rings().PROGRAM_RING_IDS
     text = str(ctx.attr("endpoints"))
@@ -135,7 +139,9 @@ def _c_comm_init(ctx) -> None:
                           f"({len(endpoints)} endpoints) do not fit: expected one endpoint per "
                           f"rank and 0 <= rank < nranks")
     # init_ring returns the existing ring for the same members: a startup program may rerun
-    _rings().init_ring(ring_id, endpoints, rank, nranks)
+    hierarchical = int(ctx.attr("use_hierarchical_allreduce"))
+    _rings().init_ring(ring_id, endpoints, rank, nranks,
+                       two_level=None if hierarchical < 0 else bool(hierarchical))
 
 
 # all-reduce and broadcast: X -> Out, in place when Out is X ---------------------------------

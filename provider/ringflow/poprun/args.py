@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from ringflow.errors import ConfigError
+from ringflow.launch.openmpi import check_no_separator
 from ringflow.naming import check_host
 
 __all__ = ["IPU_ONLY", "HelpRequested", "PopRunArgs", "parse_poprun_args", "usage"]
@@ -118,9 +119,13 @@ def _hosts(flag: str, value: str) -> tuple[str, ...]:
 
 def _mpi(flag: str, value: str) -> tuple[str, ...]:
     try:
-        return tuple(shlex.split(value))
+        options = tuple(shlex.split(value))
     except ValueError as exc:
         raise ConfigError(f"{flag}: cannot split {value!r} into mpirun options ({exc})") from None
+    check_no_separator(options, flag)
+    if options[-1:] == ("-x",):  # it would take the option mpirun gets after it
+        raise ConfigError(f"{flag}={value!r} ends with -x and no variable")
+    return options
 
 
 def _instance(flag: str, value: str) -> tuple[int, tuple[str, ...]]:
@@ -203,6 +208,7 @@ def parse_poprun_args(argv: Sequence[str]) -> PopRunArgs:
     program = tokens[i:]
     if not program:
         raise ConfigError("no program to run: poprun [options] program [args]")
+    check_no_separator(program, "the program and its arguments")
     args = PopRunArgs(program=program, instance_mpi_local_args=instance_args,
                       verbose=verbose, ignored=tuple(ignored), **values)  # type: ignore[arg-type]
     _check(args)

@@ -38,10 +38,15 @@ from .text import Tokenizer
 _ORDER_SALT = 0xDA7A
 
 
-def local_rows(global_batch_size: int, dp_rank: int, dp_degree: int) -> slice:
-    """The rows of each global batch data-parallel rank ``dp_rank`` feeds."""
-    per = global_batch_size // dp_degree
-    return slice(dp_rank * per, (dp_rank + 1) * per)
+def local_rows(global_batch_size: int, dp_rank: int, dp_degree: int, micro: int = 0,
+               micro_steps: int = 1) -> slice:
+    """The rows of each global batch data-parallel rank ``dp_rank`` feeds (at micro-step
+    ``micro`` of ``micro_steps``: the micro-batches split the batch in order, and each is
+    split over the data-parallel ranks)."""
+    per_micro = global_batch_size // micro_steps
+    per = per_micro // dp_degree
+    start = micro * per_micro + dp_rank * per
+    return slice(start, start + per)
 
 
 class SyntheticData:

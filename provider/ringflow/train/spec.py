@@ -64,11 +64,17 @@ FIELD_DOCS: dict[str, str] = {
     "sharding_stage": "0: off; 1: each data-parallel rank holds and updates the optimizer "
                       "state of its share of the parameters; 2: and keeps only its share "
                       "of the reduced gradients (fleet's sharding, ZeRO stages 1 and 2)",
+    "gradient_accumulation_steps": "micro-steps per step: each rank runs the step's batch in "
+                                   "this many parts and the optimizer applies their mean "
+                                   "gradient once (fleet's gradient_merge); 1: off. The "
+                                   "global batch must divide by it x the data-parallel "
+                                   "degree; not with amp or sharding",
 }
 #: the smallest value each integer field takes (JSON-schema ``minimum``)
 FIELD_MINIMUMS: dict[str, int] = {"steps": 1, "global_batch_size": 1, "seed": 0,
                                   "tensor_parallel_degree": 1, "log_every": 1,
-                                  "checkpoint_every": 1, "sharding_stage": 0, "eval_every": 1}
+                                  "checkpoint_every": 1, "sharding_stage": 0, "eval_every": 1,
+                                  "gradient_accumulation_steps": 1}
 #: the largest value of the integer fields that have one (JSON-schema ``maximum``)
 FIELD_MAXIMUMS: dict[str, int] = {"sharding_stage": 2}
 
@@ -105,6 +111,7 @@ class JobSpec:
     amp: bool = False
     recompute: bool | list[str] = False
     sharding_stage: int = 0
+    gradient_accumulation_steps: int = 1
 
     def __post_init__(self) -> None:
         for name, minimum in FIELD_MINIMUMS.items():
@@ -119,9 +126,12 @@ class JobSpec:
         if self.amp and self.dtype != "float32":
             raise ConfigError(f"amp trains float32 models (float16 compute, float32 master "
                               f"weights); dtype is {self.dtype}")
+        if self.gradient_accumulation_steps > 1 and (self.amp or self.sharding_stage):
+            raise ConfigError(f"gradient_accumulation_steps {self.gradient_accumulation_steps}"
+                              f" does not combine with {'amp' if self.amp else 'sharding'}")
         object.__setattr__(self, "recompute", _check_recompute(self.recompute))
         if self.checkpoint_dir is not None:
-            _check_str("checkpoint_dir", self.checkpoint_dir)
+            _check_path("checkpoint_dir", self.checkpoint_dir)
         if self.grad_clip is not None:
             clip = optim.check_number("grad_clip", self.grad_clip)
             if clip <= 0:
@@ -136,7 +146,7 @@ class JobSpec:
         self.build_optimizer()  # the constructors' own range checks (Adam's beta1 < 1, ...)
 
     def _check_data(self) -> None:
-        _check_str("data", self.data)
+        _check_path("data", self.data)
         if self.tokenizer not in TOKENIZERS:
             raise ConfigError(f"tokenizer must be byte or char, got {self.tokenizer!r}")
         fraction = optim.check_number("validation_fraction", self.validation_fraction, 0.0)
@@ -145,7 +155,7 @@ class JobSpec:
                               f"{self.validation_fraction!r}")
         object.__setattr__(self, "validation_fraction", fraction)
         if self.eval_data is not None:
-            _check_str("eval_data", self.eval_data)
+            _check_path("eval_data", self.eval_data)
             if self.eval_data == "synthetic":
                 raise ConfigError("eval_data must be the path of a file or folder, got "
                                   "'synthetic'")
@@ -208,6 +218,11 @@ class JobSpec:
             raise ConfigError(f"global_batch_size {self.global_batch_size} is not divisible "
                               f"by the data-parallel degree {dp} (world size {world_size} / "
                               f"tensor_parallel_degree {degree})")
+        micro = self.gradient_accumulation_steps
+        if self.global_batch_size % (dp * micro):
+            raise ConfigError(f"global_batch_size {self.global_batch_size} is not divisible "
+                              f"by gradient_accumulation_steps {micro} x the data-parallel "
+                              f"degree {dp}")
         for name, size in _split_sizes(self.model, self.model_args).items():
             if size % degree:
                 raise ConfigError(f"model_args.{name} {size} is not divisible by "
@@ -240,6 +255,13 @@ def _check_int(name: str, value: Any, minimum: int, maximum: int | None = None) 
 def _check_str(name: str, value: Any) -> None:
     if not isinstance(value, str) or not value.strip():
         raise ConfigError(f"{name} must be a non-empty string, got {value!r}")
+
+
+def _check_path(name: str, value: Any) -> None:
+    """A non-empty string the OS can take as a path (no NUL)."""
+    _check_str(name, value)
+    if "\0" in value:
+        raise ConfigError(f"{name} must be a path, got {value!r} (it holds a NUL)")
 
 
 def _check_model(model: Any) -> None:

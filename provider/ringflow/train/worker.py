@@ -65,7 +65,7 @@ class Job:
     model: Any  # ringflow.models.BuiltModel
     optimizer: Any
     data: Sources
-    rows: slice
+    rows: tuple[slice, ...]   # per micro-step (gradient accumulation), in order
     rings: tuple[int, int] = (1, 2)   # (global, data-parallel) ring ids of its strategy
     evaluator: Evaluator | None = None
 
@@ -108,6 +108,10 @@ def _strategy(spec: JobSpec, checkpoints: list[str] | None = None):
         strategy.sharding = True
         strategy.sharding_configs = {"stage": spec.sharding_stage}
     strategy.amp = spec.amp
+    if spec.gradient_accumulation_steps > 1:
+        strategy.gradient_merge = True
+        strategy.gradient_merge_configs = {"k_steps": spec.gradient_accumulation_steps,
+                                           "avg": True}
     if spec.recompute and checkpoints is not None:
         strategy.recompute = True
         strategy.recompute_configs = {"checkpoints": list(checkpoints)}
@@ -184,12 +188,16 @@ def build_job(spec: JobSpec, layout: Layout) -> Job:
     feeds = {name: main.global_block().var(name) for name in model.feeds}
     data = open_data(spec, feeds, model.make_batch, model.config.get("vocab_size"))
     dp = spec.dp_degree(layout.world_size)
-    rows = local_rows(spec.global_batch_size, layout.rank // layout.mp_degree, dp)
+    micro = spec.gradient_accumulation_steps
+    rows = tuple(local_rows(spec.global_batch_size, layout.rank // layout.mp_degree, dp, i,
+                            micro) for i in range(micro))
     rings = applied_rings()
     evaluator = None
     if data.eval is not None:
+        # Validation batches are micro-batches (a rank's rows of one micro-step): the
+        # memory gradient accumulation saves is not spent again on validation.
         evaluator = Evaluator(main.clone(for_test=True), _outputs(spec, model), data.eval,
-                              spec.global_batch_size, rows,
+                              spec.global_batch_size // micro, rows[0],
                               _dp_sum(rings[1]) if dp > 1 else None)
     return Job(spec, layout, main, startup, model, optimizer, data, rows, rings, evaluator)
 
@@ -373,12 +381,18 @@ class Trainer:
         return loss
 
     def _step(self, step: int) -> float:
+        """One step: a run of the main program per micro-step (the last applies the
+        update); the loss is the global batch's mean."""
         job = self.job
-        feed = job.data.train.batch(step - 1, job.rows)
-        # A NaN/inf is reported once, by the check below, not as numpy warnings per op.
-        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-            value, = self.exe.run(job.main, feed=feed, fetch_list=[job.model.loss],
-                                  scope=self.scope)
+        value = None
+        for rows in job.rows:
+            feed = job.data.train.batch(step - 1, rows)
+            # A NaN/inf is reported once, by the check below, not as numpy warnings per op.
+            with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+                micro, = self.exe.run(job.main, feed=feed, fetch_list=[job.model.loss],
+                                      scope=self.scope)
+            value = micro if value is None else value + micro
+        value = value / len(job.rows)
         dp = self.spec.dp_degree(job.layout.world_size)
         if dp > 1:
             get_ring(self.job.rings[1]).all_reduce(value)

@@ -20,7 +20,13 @@ from typing import Any, ClassVar, TypeVar
 from ringflow.errors import ConfigError, FolderError, LaunchError, gathered
 from ringflow.launch import jobdir
 from ringflow.launch.exits import FOLDER_REFUSED_EXIT
-from ringflow.launch.supervisor import ENV_KEY, FINAL_PREFIX, MASK_KEY, STARTED_PREFIX
+from ringflow.launch.supervisor import (
+    ENV_KEY,
+    FINAL_PREFIX,
+    FROZEN_WORDS,
+    MASK_KEY,
+    STARTED_PREFIX,
+)
 from ringflow_provider.hooks.allowed_hosts import HostNotAllowedError
 from ringflow_provider.launchers import commands
 from ringflow_provider.launchers.commands import Runtime
@@ -34,7 +40,21 @@ STOP_BUDGET_S = 1.8              # Airflow SIGKILLs about 5 s after the SIGTERM 
 COMMAND_TIMEOUT_S = 30.0
 STOP_EARLIER_WAIT_S = 20.0
 MAX_PEEK_BYTES = 1 << 20
+# after another part failed, how long the watch of a part whose host could not be reached to
+# stop it waits for that part's own stream to end before it gives the host up as lost (at
+# most a quarter of the ranks' heartbeat timeout, which already waited for that host)
+LOST_HOST_GRACE_S = 5.0
 LineHandler = Callable[[JobLine], None]
+
+
+def lost_host_grace(handle: JobHandle) -> float:
+    """After a part failed: how long a part whose host cannot be reached may stay silent
+    before the watch gives that host up as lost (LOST_HOST_GRACE_S, at most a quarter of
+    the ranks' heartbeat timeout: the ranks waited that long for the host already)."""
+    heartbeat = handle.extra.get("heartbeat_timeout")
+    if not isinstance(heartbeat, (int, float)) or heartbeat <= 0:
+        return LOST_HOST_GRACE_S
+    return min(LOST_HOST_GRACE_S, heartbeat / 4)
 
 
 class Launcher:
@@ -245,6 +265,13 @@ class Launcher:
         others. With `tie`, the parts stop if this process goes away."""
         finals: dict[str, dict[str, Any]] = {}
         stopping = threading.Event()
+        unreachable: dict[str, float] = {}  # host -> when a stop could not reach it
+        frozen: set[str] = set()  # hosts whose stop found the job's processes halted
+        grace = lost_host_grace(handle)
+
+        def given_up(host: str) -> bool:
+            since = unreachable.get(host)
+            return since is not None and time.monotonic() - since > grace
 
         def follow(part: Part) -> None:
             final: dict[str, Any] = {}
@@ -260,18 +287,27 @@ class Launcher:
                                               (offsets or {}).get(part.host, 0), renew=renew,
                                               tie=tie)
             try:
-                code = self.shell(part.host).stream(command, sink, should_stop)
+                code = self.shell(part.host).stream(
+                    command, sink, lambda: should_stop() or given_up(part.host))
             except LaunchError as exc:
                 final.update(state="unreachable", cause=str(exc), exit_code=None)
                 code = -1
+            if code == -1 and not final and given_up(part.host):
+                final.update(state="unreachable", exit_code=None,
+                             cause=f"host {part.host} could not be reached to stop its part "
+                                   "after another part failed")
             final.setdefault("state", "unknown")
             final.setdefault("exit_code", code if code >= 0 else None)
             finals[part.host] = final
             if (final.get("exit_code") != 0 or final["state"] != jobdir.ENDED) and \
                     not stopping.is_set() and not should_stop() and len(handle.parts) > 1:
                 stopping.set()
-                self.stop(handle, f"the job's part on {part.host} ended badly",
-                          skip=part.host)
+                said = self.stop(handle, f"the job's part on {part.host} ended badly",
+                                 skip=part.host)
+                frozen.update(h for h, text in said.items() if FROZEN_WORDS in text)
+                now = time.monotonic()
+                unreachable.update({p.host: now for p in handle.parts
+                                    if p.host != part.host and p.host not in said})
 
         threads = [threading.Thread(target=follow, args=(p,), daemon=True,
                                     name=f"ringflow-follow-{p.host}") for p in handle.parts]
@@ -279,6 +315,8 @@ class Launcher:
             t.start()
         for t in threads:
             t.join()
+        for host in frozen & set(finals):
+            finals[host]["frozen"] = True
         return finals
 
     def runtime_of(self, handle: JobHandle, part: Part) -> Runtime:
@@ -289,13 +327,16 @@ class Launcher:
         _, out, _ = self.run(part.host, jobdir.peek_command(part.job_dir, offset, max_bytes))
         return jobdir.parse_peek(out.encode())
 
-    def read_all(self, handle: JobHandle, on_line: LineHandler
+    def read_all(self, handle: JobHandle, on_line: LineHandler, skip: Sequence[str] = ()
                  ) -> tuple[dict[str, int], dict[str, jobdir.Peek]]:
         """Every line each part printed so far, to `on_line`; returns where each part's
-        output ends now and each part's last look (its status)."""
+        output ends now and each part's last look (its status); parts on `skip`'s hosts
+        (lost) are left out."""
         offsets: dict[str, int] = {}
         looks: dict[str, jobdir.Peek] = {}
         for part in handle.parts:
+            if part.host in skip:
+                continue
             offset = 0
             while True:
                 look = self.peek(handle, part, offset)

@@ -39,6 +39,17 @@ class Runtime:
         return ["env", f"PYTHONPATH={self.pythonpath}"] if self.pythonpath else []
 
 
+def check_state_dir(path: str) -> str:
+    """A folder for job folders (absolute, or relative to the login's home) that no command
+    reads as an option, with no control character; ValueError saying which rule it breaks."""
+    if path.startswith("-"):
+        raise ValueError(f"{path!r} starts with '-', so commands would read it as an "
+                         f"option; give ./{path}")
+    if re.search(r"[\x00-\x1f\x7f]", path):
+        raise ValueError(f"{path!r} holds a control character")
+    return path
+
+
 def _script(body: str) -> str:
     return f"sh -c {shlex.quote(f'cd || exit {SETUP_EXIT}' + chr(10) + body)}"
 
@@ -121,7 +132,7 @@ def start_command(runtime: Runtime, job_dir: str, argv: Sequence[str], *,
         # kept aside, a running one is refused
         f'if [ -e {d}/output.log ]; then\n'
         f'  if [ -e {d}/lock ] && ! flock -n {d}/lock true; then\n'
-        f'    echo "{RUNNING_MESSAGE} {job_dir}" >&2; exit {RUNNING_EXIT}\n'
+        f"    echo {shlex.quote(RUNNING_MESSAGE)} {d} >&2; exit {RUNNING_EXIT}\n"
         "  fi\n"
         f'  mv {d} {d}.replaced-$(date +%s%N) || exit {SETUP_EXIT}\n'
         "fi\n"

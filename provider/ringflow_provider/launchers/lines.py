@@ -101,3 +101,18 @@ def lines_of(data: bytes, handle: Any, host: str) -> list[JobLine]:
     splitter.feed(data)
     splitter.flush()
     return found
+
+
+#: a metric line's numbers that its task log record carries as fields, for readers of the
+#: log that want numbers, not prose (the Airflow UI's training views)
+LOG_FIELDS = ("step", "loss", "lr", "samples_per_s")
+
+
+def log_fields(line: JobLine) -> dict[str, Any]:
+    """The structured fields of `line`'s task log record: a metric line's step, loss, learning
+    rate and samples/s (those it has); nothing for any other line."""
+    if line.kind != METRIC or not line.payload:
+        return {}
+    return {name: line.payload[name] for name in LOG_FIELDS
+            if isinstance(line.payload.get(name), (int, float))
+            and not isinstance(line.payload.get(name), bool)}

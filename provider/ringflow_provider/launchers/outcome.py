@@ -92,3 +92,48 @@ def part_failure(outcome: AgentOutcome, host: str | None, final: dict[str, Any],
     return (f"training failed: the launcher agent on {where} ended with {what}; last "
             f"{len(tail)} lines of its output:\n" + "\n".join(tail),
             code if isinstance(code, int) else 1)
+
+
+def lost_host_failure(outcome: AgentOutcome, hosts: list[str], host: str, entry: dict,
+                      finals: dict[str, dict[str, Any]], nproc: int, cause: str | None,
+                      last_step: int | None, gathered: bool = False) -> tuple[str, str] | None:
+    """The message and the host to blame when the rank that failed first only noticed a peer go
+    silent (it reported `after_peer_failure` and the peer's global rank) and that peer's
+    host is the root cause: its part could not be reached (the host was lost: down,
+    partitioned) or its ranks were alive but silent until the launcher stopped them (the
+    host froze). For a job whose parts are gathered by Open MPI's mpirun on the first host,
+    a blamed host whose agent never reported is lost (mpirun gave up on it). None when the
+    rule does not apply (the rank's own failure is the cause)."""
+    blamed = entry.get("blamed_rank")
+    if not entry.get("after_peer_failure") or not isinstance(blamed, int) or nproc < 1:
+        return None
+    index = blamed // nproc
+    if not 0 <= index < len(hosts) or hosts[index] == host:
+        return None
+    lost = hosts[index]
+    final = finals.get(lost) or {}
+    result = outcome.results.get(lost) or {}
+    ranks = ", ".join(str(r) for r in range(index * nproc, (index + 1) * nproc))
+    if final.get("frozen"):
+        subject = f"host {lost} froze"
+        why = ("its job's processes were frozen (stopped by SIGSTOP) while its SSH connection "
+               "answered; the launcher continued them to stop them")
+    elif final.get("state") in ("unreachable", "lost"):
+        subject = f"lost contact with host {lost}"
+        why = ("its agent's SSH connection is down" if final.get("state") == "unreachable"
+               else "its supervisor vanished (the host rebooted, or it was killed)")
+    elif result.get("status") == "stopped" and result.get("ranks") and all(
+            r.get("stopped_by_launcher") for r in result["ranks"]):
+        subject = f"host {lost} stopped answering"
+        why = ("its ranks were alive but silent (frozen or overloaded) until the launcher "
+               "stopped them; its SSH connection answered")
+    elif gathered and not result:
+        subject = f"lost contact with host {lost}"
+        why = ("its launcher agent never reported: Open MPI's daemon there went silent (the "
+               "host unreachable or hung)")
+    else:
+        return None
+    step = f" after step {last_step}" if last_step is not None else " before the first step"
+    noticed = f"rank {entry.get('rank')} on host {host} noticed first"
+    return (f"training failed: {subject} (ranks {ranks}){step}: {why}; {noticed}: "
+            f"{cause or 'no cause in its log'}", lost)

@@ -24,7 +24,7 @@ from ringflow_provider.jobs.masking import Secrets
 from ringflow_provider.launchers import launcher_for
 from ringflow_provider.launchers.base import Launcher
 from ringflow_provider.launchers.job import ON_EXISTING, JobHandle, TaskKey
-from ringflow_provider.launchers.lines import JobLine
+from ringflow_provider.launchers.lines import JobLine, log_fields
 from ringflow_provider.triggers.job import JobTrigger
 
 XCOM_JOB = "ringflow_job"
@@ -76,7 +76,10 @@ class RingflowJobOperator(BaseOperator):
         self.lease_timeout = lease_timeout
         self.on_existing = on_existing
         if not any(_templated(getattr(self, name)) for name in self.job_fields):
-            self._job_options()  # a bad literal fails when the DAG is parsed
+            try:
+                self._job_options()  # a bad literal fails when the DAG is parsed
+            except ValueError as exc:
+                raise RingflowConfigException(f"task {self.task_id!r}: {exc}") from None
         # Plain attributes, not threading objects: Airflow deep-copies operators.
         self._killed = False
         self._handle: JobHandle | None = None
@@ -171,16 +174,20 @@ class RingflowJobOperator(BaseOperator):
             raise RingflowHostUnreachableException(
                 self._secrets.mask(str(event.get("message"))))
         launcher = launcher_for(handle, self.log)
+        said = event.get("finals") or {}
+        lost = {host: final for host, final in said.items()
+                if final.get("state") == "unreachable"}
         try:
             report = self.new_report()
-            _, looks = launcher.read_all(handle, report.feed)
+            _, looks = launcher.read_all(handle, report.feed, skip=list(lost))
         except LaunchError as exc:
             raise launch_exception(exc, self._secrets.mask(str(exc))) from None
         finally:
             launcher.close()
-        finals = {host: {**(look.status or {}), "state": look.state}
+        finals = {host: {**(look.status or {}), "state": look.state,
+                         **({"frozen": True} if said.get(host, {}).get("frozen") else {})}
                   for host, look in looks.items()}
-        return self.finish(context, handle, report, finals)
+        return self.finish(context, handle, report, {**finals, **lost})
 
     def on_kill(self) -> None:
         """Stop the job on every host (returns within about 2 s) and make `execute` raise."""
@@ -252,9 +259,11 @@ class RingflowJobOperator(BaseOperator):
         return watcher.attach(handle, on_line, offsets=offsets, tie=tie)
 
     def _show(self, line: JobLine) -> None:
-        """A line of the job in the task log, masked."""
+        """A line of the job in the task log, masked; a metric line's numbers as fields of its
+        record too (`log_fields`)."""
         level, text = self.present(line)
-        (self.log.info if level == "info" else self.log.warning)("%s", self._secrets.mask(text))
+        (self.log.info if level == "info" else self.log.warning)(
+            "%s", self._secrets.mask(text), **log_fields(line))
 
     def _check_triggerer_can_see(self, launcher: Launcher) -> None:
         """A job on this worker can be deferred only where the triggerer runs on the same

@@ -14,9 +14,9 @@ from functools import cached_property
 from typing import Any, ClassVar
 
 from airflow.sdk.exceptions import AirflowSkipException
-from pydantic import TypeAdapter
+from pydantic import TypeAdapter, ValidationError
 
-from ringflow.errors import LaunchError, RingflowError
+from ringflow.errors import ConfigError, LaunchError, RingflowError
 from ringflow_provider.exceptions import (
     RingflowConfigException,
     RingflowHostUnreachableException,
@@ -37,6 +37,7 @@ from ringflow_provider.operators.base import RingflowJobOperator
 from ringflow_provider.poprun import (
     FIELD_NAMES,
     PopRunConfig,
+    config_error_message,
     launch_argv,
     mask_argv,
     parse_config,
@@ -213,6 +214,12 @@ class PopRunOperator(RingflowJobOperator):
         self.cmd_timeout = cmd_timeout
         self.skip_on_exit_code = self._exit_codes(skip_on_exit_code)
         self.remote_state_dir = remote_state_dir
+        if remote_state_dir:
+            try:
+                commands.check_state_dir(remote_state_dir)
+            except ValueError as exc:
+                raise RingflowConfigException(f"task {self.task_id!r}: remote_state_dir: "
+                                              f"{exc}") from None
         self._sweep: tuple[str, str, list[str]] | None = None  # (python, job id, hosts)
         self._validate_literals()
 
@@ -237,9 +244,15 @@ class PopRunOperator(RingflowJobOperator):
             else:
                 for name, value in values.items():
                     if not _templated(value):
-                        validate_field(name, value)
+                        try:
+                            validate_field(name, value)
+                        except ValidationError as exc:  # names no field by itself
+                            raise ConfigError(config_error_message(exc, name)) from None
             if self.launch_host and not _templated(self.launch_host):
-                check_host(self.launch_host)
+                try:
+                    check_host(self.launch_host.strip())
+                except ValueError as exc:
+                    raise ValueError(f"launch_host: {exc}") from None
         except (RingflowError, ValueError) as exc:
             message = self._given_secrets().mask(str(exc))
             raise RingflowConfigException(f"task {self.task_id!r}: {message}") from None

@@ -41,11 +41,15 @@ from ringflow_provider.launchers.job import JobHandle, TaskKey
 from ringflow_provider.launchers.lines import JobLine
 from ringflow_provider.launchers.local import ringflow_home
 from ringflow_provider.operators.base import RingflowJobOperator, flag
+from ringflow_provider.plugins.links import TrainingCurveLink
 from ringflow_provider.tp_train import outcome
 from ringflow_provider.tp_train.args import (
+    DEFAULT_HEARTBEAT_TIMEOUT_S,
     base_port,
     connections,
     env_dict,
+    folder,
+    heartbeat_timeout,
     host_list,
     interpreter,
     launcher_name,
@@ -121,6 +125,9 @@ class TPTrainOperator(RingflowJobOperator):
     :param sharding_stage: shard the optimizer state (1) and the gradients too (2) over the
         data-parallel ranks (fleet's sharding, ZeRO stages 1 and 2); 0 (default): every
         data-parallel rank holds all of it (templated)
+    :param gradient_accumulation_steps: micro-batches per step: each rank runs its share of
+        the global batch in this many parts and the optimizer applies their mean gradient
+        once (fleet's gradient_merge); default 1 (templated)
 
     How it runs:
 
@@ -162,6 +169,10 @@ class TPTrainOperator(RingflowJobOperator):
         Open MPI on every host and SSH from the first host to the others) (templated)
     :param base_port: the first rank port on every host; default a range free on every
         host, found before the job starts (templated)
+    :param heartbeat_timeout: seconds of silence after which a rank declares a peer lost
+        (its process stopped, or its host unreachable), default 20; a network hiccup
+        shorter than this does not stop the job, and a lost host fails the task within
+        about twice this (templated)
     :param ship_data: copy ``data`` and ``eval_data`` from this worker to every host over
         SFTP (into ``~/.ringflow/data/<sha256>/``, checked by its digest there and reused by
         later jobs) instead of reading the paths on each host; default False
@@ -182,12 +193,14 @@ class TPTrainOperator(RingflowJobOperator):
 
     template_fields = (*SPEC_FIELDS, "nproc_per_host", "log_dir", "extra_env", "secret_env",
                        "memory_check", "hosts", "ssh_conn_id", "python", "launcher", "base_port",
-                       *RingflowJobOperator.job_fields)
+                       "heartbeat_timeout", *RingflowJobOperator.job_fields)
     template_fields_renderers: ClassVar[dict[str, str]] = {
         "model_args": "json", "optimizer": "json", "lr_schedule": "json", "extra_env": "json",
         "secret_env": "json"}
     template_ext = ()
     ui_color = "#d8f0d2"
+    #: the task instance's "Training" tab in the UI (the plugin's pages)
+    operator_extra_links = (TrainingCurveLink(),)
     presenter = "tp_train"
 
     def __init__(self, *, model: str = "transformer", model_args: dict | str | None = None,
@@ -201,13 +214,15 @@ class TPTrainOperator(RingflowJobOperator):
                  checkpoint_dir: str | None = _DEFAULT, checkpoint_every: int | str = 100,
                  resume: bool | str = True, amp: bool | str = False,
                  recompute: bool | list[str] | str = False,
-                 sharding_stage: int | str = 0, nproc_per_host: int | str = 2,
+                 sharding_stage: int | str = 0,
+                 gradient_accumulation_steps: int | str = 1, nproc_per_host: int | str = 2,
                  log_dir: str | None = None, extra_env: dict | str | None = None,
                  secret_env: dict | str | None = None, memory_check: bool | str = True,
                  hosts: list[str] | str | None = None,
                  ssh_conn_id: str | dict = MultiHostSSHHook.default_conn_name,
                  python: str = "python3", launcher: str = "ssh",
                  base_port: int | str | None = None, allow_unsafe_env: bool = False,
+                 heartbeat_timeout: float | str = DEFAULT_HEARTBEAT_TIMEOUT_S,
                  ship_data: bool = False, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if not isinstance(allow_unsafe_env, bool):  # a template must not switch it on
@@ -228,11 +243,13 @@ class TPTrainOperator(RingflowJobOperator):
         self.checkpoint_dir, self.checkpoint_every, self.resume = (
             checkpoint_dir, checkpoint_every, resume)
         self.amp, self.recompute, self.sharding_stage = amp, recompute, sharding_stage
+        self.gradient_accumulation_steps = gradient_accumulation_steps
         self.nproc_per_host, self.log_dir = nproc_per_host, log_dir
         self.extra_env, self.secret_env = extra_env or {}, secret_env or {}
         self.memory_check = memory_check
         self.hosts, self.ssh_conn_id, self.python = hosts, ssh_conn_id, python
         self.launcher, self.base_port = launcher, base_port
+        self.heartbeat_timeout = heartbeat_timeout
         self._declare_asset()
         self._steps = 0
 
@@ -290,15 +307,16 @@ class TPTrainOperator(RingflowJobOperator):
                     "memory": _estimate(spec, nproc * max(len(hosts), 1), extra),
                     "memory_check": flag("memory_check", self.memory_check),
                     "secret": secret, "launcher": "local",
-                    "conns": {}, "python": "python3", "base_port": None}
+                    "conns": {}, "python": "python3", "base_port": None,
+                    "heartbeat": heartbeat_timeout(self.heartbeat_timeout)}
             if hosts:
                 plan.update(conns=connections(self.ssh_conn_id, hosts),
-                            log_dir=(self.log_dir or REMOTE_LOG_DIR).format(**ids),
+                            log_dir=folder("log_dir", self.log_dir or REMOTE_LOG_DIR, ids),
                             python=interpreter(self.python), launcher=launcher_name(
                                 self.launcher), base_port=base_port(self.base_port, nproc))
             else:
-                plan["log_dir"] = os.path.expanduser((self.log_dir or DEFAULT_LOG_DIR)
-                                                     .format(**ids))
+                plan["log_dir"] = os.path.expanduser(
+                    folder("log_dir", self.log_dir or DEFAULT_LOG_DIR, ids))
         except Exception as exc:  # validation messages quote values: mask them
             raise RingflowConfigException(
                 self._secrets.mask(f"task {self.task_id!r}: {exc}")) from None
@@ -325,13 +343,14 @@ class TPTrainOperator(RingflowJobOperator):
         spec, nproc = plan["spec"], plan["nproc"]
         task = TaskKey.from_ti(context["ti"])
         self._log_plan(spec, nproc, plan, task)
+        # a job that cannot fit is refused before any folder is made on a host
+        self._check_memory(launcher, plan)
         launcher.prepare(numpy=True, writable={"log_dir": plan["log_dir"],
                                                "checkpoint_dir": spec.checkpoint_dir})
         if self.ship_data and plan["hosts"]:
             from ringflow_provider.launchers.data import ship_job_data
 
             spec = plan["spec"] = ship_job_data(launcher, spec, self.log)
-        self._check_memory(launcher, plan)
         launcher.stop_earlier(task, f"try {task.try_number} starts the job again")
         self._raise_if_killed()
         port = plan["base_port"] or launcher.free_base_port(nproc)
@@ -345,7 +364,8 @@ class TPTrainOperator(RingflowJobOperator):
         # extra_env under secret names goes as secret_env does: on stdin, never on a command
         # line (`ps` on a host); the rest as quoted exports
         plain, hidden = split_env(plan["extra"])
-        env = {**plain, "PYTHONUNBUFFERED": "1"}
+        env = {**plain, "PYTHONUNBUFFERED": "1",
+               "RINGFLOW_HEARTBEAT_TIMEOUT": f"{plan['heartbeat']:g}"}
         parts = launcher.agent_parts(["-m", "ringflow.train", f"{log_dir}/spec.json"],
                                      nproc_per_host=nproc, log_dir=log_dir, base_port=port,
                                      env=env)
@@ -357,7 +377,7 @@ class TPTrainOperator(RingflowJobOperator):
             checkpoint_dir=spec.checkpoint_dir, gathered=launcher.name == "mpirun",
             extra={"homes": dict(launcher.homes), "nproc_per_host": nproc,
                    "model": spec.model, "mp_degree": spec.tensor_parallel_degree,
-                   "steps": spec.steps})
+                   "steps": spec.steps, "heartbeat_timeout": plan["heartbeat"]})
 
     def _check_memory(self, launcher: Launcher, plan: dict[str, Any]) -> None:
         """Every host's MemAvailable holds its ranks' estimate, or the job is refused."""
@@ -389,7 +409,12 @@ class TPTrainOperator(RingflowJobOperator):
         if hosts:
             self.log.info("checkpoints in %s on each host", spec.checkpoint_dir)
             return
-        latest = latest_checkpoint(spec.checkpoint_dir) if spec.resume else None
+        try:
+            latest = latest_checkpoint(spec.checkpoint_dir) if spec.resume else None
+        except OSError as exc:  # the ranks report what they cannot read or make there
+            self.log.info("try %d: cannot look for checkpoints in %s: %s", task.try_number,
+                          spec.checkpoint_dir, exc.strerror)
+            return
         if latest is None:
             self.log.info("try %d: no complete checkpoint in %s: training starts at step 1",
                           task.try_number, spec.checkpoint_dir)
@@ -399,7 +424,7 @@ class TPTrainOperator(RingflowJobOperator):
                           latest.path, spec.steps)
         else:
             self.log.info("try %d: resuming from step %d (checkpoint %s)", task.try_number,
-                          latest.step, latest.path)
+                          latest.step, latest.path, resume_step=latest.step)
 
     # the job's lines ----------------------------------------------------------------------------
     def new_report(self) -> JobReport:

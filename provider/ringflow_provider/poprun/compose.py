@@ -163,11 +163,12 @@ def mask_argv(argv: list[str], secrets: Iterable[str],
     return masked
 
 
-def config_error_message(exc: ValidationError) -> str:
-    """One line per failing field: where, what was expected, what came."""
+def config_error_message(exc: ValidationError, field: str | None = None) -> str:
+    """One line per failing field: where, what was expected, what came. `field`: the one
+    field that was validated alone (its errors have no field in their place)."""
     lines = []
     for err in exc.errors():
-        where = ".".join(str(part) for part in err["loc"])
+        where = ".".join(str(part) for part in ([field] if field else []) + list(err["loc"]))
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
             msg = "unknown argument"

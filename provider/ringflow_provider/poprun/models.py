@@ -28,7 +28,7 @@ from ringflow_provider.jobs.masking import is_hidden
 from ringflow_provider.jobs.unsafe import check_env, check_mpirun_args
 from ringflow_provider.rendered import json_text, none_text
 
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")  # \Z: "FOO\n" is no name
 # mpirun's `-x NAME=VALUE` and --mpi-global-args tokens sit inside whitespace-separated poprun
 # option values that poprun hands on to mpirun: an allow-list of characters no shell or
 # option parser gives a meaning to. Other values go through secret_env (never parsed).
@@ -160,9 +160,16 @@ def _check_flags(flags: list[str]) -> list[str]:
     return flags
 
 
+def _check_not_separator(args: list[str], what: str) -> None:
+    """Open MPI's mpirun (under poprun) reads a `:` token as the start of another program."""
+    if ":" in args:
+        raise ValueError(f"{what}: a ':' item would make mpirun start another program")
+
+
 def _check_mpi_args(args: list[str]) -> list[str]:
     for arg in args:
         check_mpi_value(arg, "mpi_global_args item")
+    _check_not_separator(args, "mpi_global_args")
     return args
 
 
@@ -177,6 +184,7 @@ def _check_text(value: str) -> str:
 def _check_program(value: str) -> str:
     """An executable or a script: never taken for an option of the command before it."""
     _check_text(value)
+    _check_not_separator([value], repr(value))
     if value.lstrip().startswith("-"):
         raise ValueError(f"{value!r} starts with '-', so it would be read as an option; "
                          f"give a path (./{value.strip()})")
@@ -187,6 +195,7 @@ def _check_args(args: list[str]) -> list[str]:
     for arg in args:
         if _CONTROL.search(arg):  # a line break in an argument forges log lines
             raise ValueError(f"training_script_args item {arg!r} holds a control character")
+    _check_not_separator(args, "training_script_args")
     return args
 
 

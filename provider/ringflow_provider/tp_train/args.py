@@ -5,6 +5,7 @@ and its SSH connections, the launcher's name, the hosts' interpreter, the ports;
 from __future__ import annotations
 
 import re
+import string
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -16,6 +17,10 @@ from ringflow_provider.launchers.job import ON_EXISTING
 from ringflow_provider.rendered import json_text
 
 LAUNCHERS = ("ssh", "mpirun")
+DEFAULT_HEARTBEAT_TIMEOUT_S = 20.0
+MAX_HEARTBEAT_TIMEOUT_S = 3600.0
+#: a variable name as a POSIX shell takes it (`export NAME=...`, `unset NAME`)
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 #: the hosts' python as `interpreter` takes it (searched, as JSON schema does): a command or
 #: a path, never empty, an option (a leading '-') or a control character
 PYTHON_PATTERN = r"^\s*[^\s\x00-\x1f-](?:[^\x00-\x1f]*[^\s\x00-\x1f])?\s*$"
@@ -38,10 +43,15 @@ def env_dict(value: Any, name: str) -> dict[str, str]:
     if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
         raise ValueError(f"{name} must be a mapping of variable names to values")
     for key in value:
-        if not key.isidentifier() or key.startswith(("PADDLE_", "RINGFLOW_")):
+        if not _ENV_NAME.match(key) or key.startswith(("PADDLE_", "RINGFLOW_")):
             raise ValueError(f"{name}: {key!r} is not a variable a job may set (names are "
-                             f"identifiers; PADDLE_* and RINGFLOW_* belong to the launcher)")
-    return {k: str(v) for k, v in value.items()}
+                             f"[A-Za-z_][A-Za-z0-9_]*; PADDLE_* and RINGFLOW_* belong to the "
+                             f"launcher)")
+    values = {k: str(v) for k, v in value.items()}
+    for key, text in values.items():  # a NUL cannot be in an environment (nor a command)
+        if "\0" in text:
+            raise ValueError(f"{name}: the value of {key} holds a NUL")
+    return values
 
 
 def host_list(value: Any) -> list[str]:
@@ -77,6 +87,30 @@ def connections(value: Any, hosts: list[str]) -> dict[str, str]:
                      f"{value!r}")
 
 
+def folder(name: str, template: Any, ids: Mapping[str, Any]) -> str:
+    """A folder argument with its `{field}`s from `ids` filled in (`{dag_id}`, `{run_id}`,
+    ...); ValueError naming the argument for any other field, a format spec or an
+    attribute (str.format would read them), and for a folder an agent would read as an
+    option or that holds a control character."""
+    if not isinstance(template, str):
+        raise ValueError(f"{name} must be a folder path, got {template!r}")
+    try:
+        fields = [(f, spec, conv) for _, f, spec, conv in string.Formatter().parse(template)
+                  if f is not None]
+    except ValueError as exc:
+        raise ValueError(f"{name} {template!r}: {exc} (write a brace as {{{{ or }}}})") \
+            from None
+    for field, spec, conversion in fields:
+        if field not in ids or spec or conversion:
+            raise ValueError(f"{name} {template!r}: only the plain fields "
+                             f"{', '.join('{' + k + '}' for k in ids)} are filled in")
+    path = template.format(**ids)
+    if path.startswith("-") or re.search(r"[\x00-\x1f\x7f]", path) or path == ":":
+        raise ValueError(f"{name} {path!r}: a folder may not start with '-', be ':' or hold "
+                         f"a control character (the agents read it on their command line)")
+    return path
+
+
 def launcher_name(value: Any) -> str:
     name = str(value or "ssh").strip()
     if name not in LAUNCHERS:
@@ -102,6 +136,18 @@ def base_port(value: Any, nproc: int) -> int | None:
     return port
 
 
+def heartbeat_timeout(value: Any) -> float:
+    """Seconds of a peer's silence before a rank gives it up: > 0 and at most an hour."""
+    try:
+        seconds = float(str(value).strip())
+    except ValueError:
+        seconds = float("nan")
+    if not 0 < seconds <= MAX_HEARTBEAT_TIMEOUT_S:
+        raise ValueError(f"heartbeat_timeout must be a number of seconds in (0, "
+                         f"{MAX_HEARTBEAT_TIMEOUT_S:g}], got {value!r}")
+    return seconds
+
+
 class FormArgs(BaseModel):
     """TPTrainOperator's arguments beyond the job spec, one plain value each (as a trigger
     form offers them), with the rules the functions above apply; the trigger form's schema
@@ -123,6 +169,10 @@ class FormArgs(BaseModel):
                                   description="the first rank port on every host")
     memory_check: bool = Field(True, description="refuse a job whose estimated memory "
                                                  "exceeds a host's MemAvailable")
+    heartbeat_timeout: float = Field(DEFAULT_HEARTBEAT_TIMEOUT_S, gt=0,
+                                     le=MAX_HEARTBEAT_TIMEOUT_S,
+                                     description="seconds of a peer's silence before a rank "
+                                                 "declares it lost")
     deferrable: bool = Field(False, description="hand the watch to Airflow's triggerer")
     poll_interval: float = Field(10.0, gt=0, description="seconds between the triggerer's "
                                                          "looks at the job")

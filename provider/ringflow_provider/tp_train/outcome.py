@@ -12,7 +12,7 @@ from typing import Any
 from ringflow.launch.exits import EXIT_CODES, NOT_RETRIED
 from ringflow_provider.launchers.job import JobHandle
 from ringflow_provider.launchers.local import ringflow_home
-from ringflow_provider.launchers.outcome import part_failure, rank_failure
+from ringflow_provider.launchers.outcome import lost_host_failure, part_failure, rank_failure
 from ringflow_provider.tp_train.report import (
     JobReport,
     failure_cause,
@@ -55,6 +55,13 @@ def failure(handle: JobHandle, report: JobReport,
     first = report.first_failure(hosts)
     if first is not None:
         host, entry = first
+        if handle.show_hosts:
+            lost = lost_host_failure(report, list(handle.hosts), host, entry, finals,
+                                     handle.extra.get("nproc_per_host", 1),
+                                     failure_cause(report.rank_tails.get(host) or []),
+                                     report.last_step, gathered=handle.gathered)
+            if lost is not None:
+                return Failure(lost[0], 1, lost[1], unreachable=True)
         message, code = rank_failure(report, host, entry, handle.log_dir, failure_cause,
                                      handle.hosts[0])
         return Failure(message, code, host)
@@ -77,9 +84,8 @@ def summarize(handle: JobHandle, report: JobReport, task_id: str
     mp = handle.extra.get("mp_degree", 1)
     folder = plot_folder(handle)
     history_file = write_history(report.history, folder)
-    plot, said = plot_loss(report.history, folder / "loss.png",
-                           f"{task_id}: {handle.extra.get('model')}, mp {mp} x dp "
-                           f"{world // mp}")
+    plot, said = plot_loss(report.history, folder / "loss.png", plot_title(handle, task_id),
+                           job.get("resumed_from"))
     messages = [said]
     chart = text_chart(report.history)
     if chart:
@@ -104,6 +110,14 @@ def summarize(handle: JobHandle, report: JobReport, task_id: str
                           if summary.get("best_checkpoint") else {}),
                        log_dir=f"{first}:{absolute(handle.log_dir, home)}")
     return summary, messages
+
+
+def plot_title(handle: JobHandle, task_id: str) -> str:
+    """Which task's try the plot is of (DAG / run / task), and the job's layout."""
+    task, mp = handle.task, handle.extra.get("mp_degree", 1)
+    world = handle.extra.get("nproc_per_host", 1) * len(handle.hosts)
+    return (f"{task.dag_id} / {task.run_id} / {task_id} (try {task.try_number})\n"
+            f"{handle.extra.get('model')}, mp {mp} x dp {world // mp}")
 
 
 def plot_folder(handle: JobHandle) -> Path:

@@ -173,8 +173,8 @@ def text_chart(history: list[tuple[int, float]], width: int = 60, height: int = 
     return "\n".join(lines)
 
 
-def plot_loss(history: list[tuple[int, float]], path: Path, title: str) -> tuple[str | None,
-                                                                                 str]:
+def plot_loss(history: list[tuple[int, float]], path: Path, title: str,
+              resumed_from: int | None = None) -> tuple[str | None, str]:
     """Writes the loss curve as a PNG; returns (path or None, what happened)."""
     if not history:
         return None, "no metric line came, so there is no loss plot"
@@ -186,22 +186,34 @@ def plot_loss(history: list[tuple[int, float]], path: Path, title: str) -> tuple
     except ImportError:
         return None, ("no loss plot: matplotlib is not installed (pip install "
                       "'airflow-provider-ringflow[plot]')")
-    fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
+    fig = loss_figure(plt, history, title, resumed_from)
     try:
-        ax.plot([s for s, _ in history], [v for _, v in history], marker="." if
-                len(history) < 50 else None)
-        ax.set_xlabel("step")
-        ax.set_ylabel("loss (global batch)")
-        ax.set_title(title)
-        if all(v > 0 for _, v in history) and max(v for _, v in history) / max(
-                min(v for _, v in history), 1e-300) > 50:
-            ax.set_yscale("log")
-        ax.grid(True, alpha=0.3)
-        fig.tight_layout()
         fig.savefig(path)
     finally:
         plt.close(fig)
     return str(path), f"loss plot: {path}"
+
+
+def loss_figure(plt: Any, history: list[tuple[int, float]], title: str,
+                resumed_from: int | None = None) -> Any:
+    """The loss plot's figure: the curve, titled, axes labelled with their units, the step a
+    resumed try went on from marked; the loss on a log scale when it spans decades."""
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
+    ax.plot([s for s, _ in history], [v for _, v in history], marker="." if
+            len(history) < 50 else None, label="loss")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss (nats, mean over the global batch)")
+    ax.set_title(title, fontsize=10)
+    if all(v > 0 for _, v in history) and max(v for _, v in history) / max(
+            min(v for _, v in history), 1e-300) > 50:
+        ax.set_yscale("log")
+    if resumed_from is not None:
+        ax.axvline(resumed_from, color="grey", linestyle="--", linewidth=1,
+                   label=f"resumed from the checkpoint of step {resumed_from}")
+        ax.legend(loc="upper right", fontsize=8)
+    ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    return fig
 
 
 def finite(value: Any) -> bool:

@@ -25,18 +25,21 @@ from typing import Any
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from ringflow.launch import jobdir
-from ringflow.launch.supervisor import boot_id
+from ringflow.launch.supervisor import FROZEN_WORDS, boot_id
 from ringflow_provider.hooks.allowed_hosts import AllowedHosts, HostNotAllowedError
 from ringflow_provider.jobs.masking import Secrets
 from ringflow_provider.launchers import commands
+from ringflow_provider.launchers.base import lost_host_grace
 from ringflow_provider.launchers.commands import Runtime
 from ringflow_provider.launchers.job import JobHandle, Part
-from ringflow_provider.launchers.lines import JobLine, lines_of
+from ringflow_provider.launchers.lines import JobLine, lines_of, log_fields
 
 CLASSPATH = "ringflow_provider.triggers.job.JobTrigger"
 PEEK_BYTES = 1 << 20
 COMMAND_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 8.0   # on_kill: the job is stopped on every host within 10 s
+FAILURE_STOP_TIMEOUT_S = 2.0  # a part failed: the others are asked to stop (a quick command)
+COORDINATE_S = 0.2  # how often the watch looks at what the parts' watchers found
 
 
 def presenter(kind: str, options: dict[str, Any]):
@@ -96,8 +99,12 @@ class _Remote:
                                                                        self.conn_id)
                 hook = SSHHookAsync(ssh_conn_id=self.conn_id, host=self.host,
                                     keepalive_interval=10)
-                self._conn = await asyncio.wait_for(hook.get_conn(), self.connect_timeout)
-            result = await self._conn.run(command, timeout=timeout, check=False, encoding=None)
+                self._conn = await asyncio.wait_for(hook.get_conn(),
+                                                    min(self.connect_timeout, timeout))
+            # the whole command within `timeout`: opening a channel on a connection whose
+            # host vanished waits for the keepalive otherwise (30 s and more)
+            result = await asyncio.wait_for(
+                self._conn.run(command, timeout=timeout, check=False, encoding=None), timeout)
         except (OSError, asyncssh.Error, asyncio.TimeoutError, TimeoutError) as exc:
             await self.close()
             raise HostUnreachable(f"{type(exc).__name__}: {exc}") from None
@@ -108,7 +115,7 @@ class _Remote:
             conn, self._conn = self._conn, None
             with contextlib.suppress(Exception):
                 conn.close()
-                await asyncio.wait_for(conn.wait_closed(), 5)
+                await asyncio.wait_for(conn.wait_closed(), 1)
 
 
 class JobTrigger(BaseTrigger):
@@ -138,6 +145,7 @@ class JobTrigger(BaseTrigger):
         self.secrets = list(secrets or [])
         self.reconnect_s = reconnect_s
         self.connect_timeout = connect_timeout
+        self._frozen: set[str] = set()  # hosts whose stop found the job's processes halted
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return CLASSPATH, {
@@ -185,44 +193,88 @@ class JobTrigger(BaseTrigger):
         self.log.info("the triggerer watches job %s on %s every %g s", handle.job_id,
                       ", ".join(p.host for p in handle.parts), self.poll_interval)
         finals: dict[str, dict[str, Any]] = {}
-        silent_since: dict[str, float] = {}
-        stopping = False
-        while True:
-            for part in handle.parts:
-                if part.host in finals:
-                    continue
-                look = await self._poll(part)
-                if look is None:
-                    silent_since.setdefault(part.host, time.monotonic())
-                    if time.monotonic() - silent_since[part.host] > self.reconnect_s:
-                        return self._lost(part, finals)
-                    continue
-                silent_since.pop(part.host, None)
-                if look.state in (jobdir.ENDED, jobdir.LOST) and not look.data:
-                    finals[part.host] = {**(look.status or {}), "state": look.state}
-            if len(finals) == len(handle.parts):
-                return self._ended(finals)
-            failed = [h for h, f in finals.items() if f.get("exit_code") != 0
-                      or f["state"] != jobdir.ENDED]
-            if failed and not stopping:
-                stopping = True
-                await self._stop_parts([p for p in handle.parts if p.host not in finals],
-                                       f"the job's part on {failed[0]} ended badly")
-            await asyncio.sleep(self._pause(silent_since))
+        answered = {p.host: time.monotonic() for p in handle.parts}  # last answer of each
+        state: dict[str, Any] = {"stopping": None, "lost": None}
+        grace = lost_host_grace(handle)
 
-    def _pause(self, silent_since: dict[str, float]) -> float:
-        """The poll interval; while a host is silent, a backoff (capped, with jitter) so
+        async def watch_part(part: Part) -> None:
+            """Poll one part until it ended; each part on its own, so a host that does not
+            answer never delays what the others report."""
+            silent_since: float | None = None
+            while True:
+                # once another part failed, a host gets only short looks: a lost one must
+                # not hold the report back
+                look = await self._poll(part, COMMAND_TIMEOUT_S if state["stopping"] is None
+                                        else max(1.0, grace))
+                now = time.monotonic()
+                if look is None:
+                    silent_since = silent_since or now
+                    if now - silent_since > self.reconnect_s and state["stopping"] is None:
+                        state["lost"] = self._lost(part, finals)
+                        return
+                else:
+                    silent_since = None
+                    answered[part.host] = now
+                    if look.state in (jobdir.ENDED, jobdir.LOST) and not look.data:
+                        finals[part.host] = {**(look.status or {}), "state": look.state}
+                        if part.host in self._frozen:
+                            finals[part.host]["frozen"] = True
+                        return
+                await asyncio.sleep(self._pause(silent_since))
+
+        watchers = {p.host: asyncio.ensure_future(watch_part(p)) for p in handle.parts}
+        try:
+            while True:
+                await asyncio.sleep(COORDINATE_S)
+                for watcher in watchers.values():  # a refused host, a bug: the run says so
+                    if watcher.done() and not watcher.cancelled() and watcher.exception():
+                        raise watcher.exception()
+                if state["lost"] is not None:
+                    return state["lost"]
+                if len(finals) == len(handle.parts):
+                    return self._ended(finals)
+                failed = [h for h, f in finals.items() if f.get("exit_code") != 0
+                          or f["state"] != jobdir.ENDED]
+                if failed and state["stopping"] is None:
+                    state["stopping"] = time.monotonic()
+                    await self._stop_parts([p for p in handle.parts if p.host not in finals],
+                                           f"the job's part on {failed[0]} ended badly",
+                                           timeout=FAILURE_STOP_TIMEOUT_S)
+                stopping = state["stopping"]
+                if stopping is not None and time.monotonic() - stopping > grace:
+                    for host, watcher in watchers.items():
+                        if host not in finals and answered[host] < stopping:
+                            # another part failed and this host has not answered since:
+                            # lost, the root cause the report names (its ranks stop by
+                            # themselves once they miss their peers' heartbeats)
+                            watcher.cancel()
+                            finals[host] = {"state": "unreachable", "exit_code": None,
+                                            "cause": f"host {host} did not answer for "
+                                                     f"{time.monotonic() - answered[host]:.0f}"
+                                                     " s, after another part failed"}
+                    if len(finals) == len(handle.parts):
+                        return self._ended(finals)
+        finally:
+            for watcher in watchers.values():
+                watcher.cancel()
+            # a watcher in the middle of connecting to a lost host may take its connect
+            # timeout to honour the cancel: the event does not wait for it
+            await asyncio.wait(list(watchers.values()), timeout=1.0)
+
+    def _pause(self, silent_since: float | None) -> float:
+        """The poll interval; while the host is silent, a backoff (capped, with jitter) so
         reconnects neither hammer it nor all come at once."""
-        if not silent_since:
+        if silent_since is None:
             return self.poll_interval
-        waited = time.monotonic() - min(silent_since.values())
+        waited = time.monotonic() - silent_since
         return min(self.poll_interval, 1.0 + waited / 4) * random.uniform(0.8, 1.2)
 
-    async def _poll(self, part: Part) -> jobdir.Peek | None:
+    async def _poll(self, part: Part, timeout: float = COMMAND_TIMEOUT_S
+                    ) -> jobdir.Peek | None:
         """One look at a part: new lines logged, the lease renewed with the offset logged;
-        None when the host did not answer."""
+        None when the host did not answer within `timeout`."""
         offset = self.offsets.get(part.host, 0)
-        look = await self._look(part, offset, PEEK_BYTES)
+        look = await self._look(part, offset, PEEK_BYTES, timeout)
         if look is None:
             return None
         data = look.data
@@ -236,10 +288,11 @@ class JobTrigger(BaseTrigger):
         return jobdir.Peek(look.status, look.alive, look.size, data, look.shown,
                            look.lease_age)
 
-    async def _look(self, part: Part, offset: int, max_bytes: int) -> jobdir.Peek | None:
+    async def _look(self, part: Part, offset: int, max_bytes: int,
+                    timeout: float = COMMAND_TIMEOUT_S) -> jobdir.Peek | None:
         try:
             _, out = await self._shells[part.host].run(
-                jobdir.peek_command(part.job_dir, offset, max_bytes), COMMAND_TIMEOUT_S)
+                jobdir.peek_command(part.job_dir, offset, max_bytes), timeout)
         except HostUnreachable as exc:
             self.log.warning("host %s did not answer (%s); trying again", part.host, exc)
             return None
@@ -251,7 +304,8 @@ class JobTrigger(BaseTrigger):
 
     def _log_line(self, line: JobLine) -> None:
         level, text = self._present(line)
-        (self.log.info if level == "info" else self.log.warning)("%s", self._mask.mask(text))
+        (self.log.info if level == "info" else self.log.warning)(
+            "%s", self._mask.mask(text), **log_fields(line))
 
     async def _check_local_parts(self, handle: JobHandle) -> None:
         """A part on `this host` can only be watched on its host."""
@@ -282,7 +336,8 @@ class JobTrigger(BaseTrigger):
 
     # -- stopping ----------------------------------------------------------------------------
     async def _stop_parts(self, parts: list[Part], why: str,
-                          shells: dict[str, _Local | _Remote] | None = None) -> None:
+                          shells: dict[str, _Local | _Remote] | None = None,
+                          timeout: float = STOP_TIMEOUT_S) -> None:
         handle = self._handle
         runtime = Runtime(handle.python, handle.pythonpath)
         shells = self._shells if shells is None else shells
@@ -290,9 +345,11 @@ class JobTrigger(BaseTrigger):
         async def stop(part: Part) -> None:
             try:
                 _, out = await shells[part.host].run(
-                    commands.stop_command(runtime, part.job_dir, why), STOP_TIMEOUT_S)
-                self.log.info("stopping the job on %s: %s", part.host,
-                              out.decode(errors="replace").strip())
+                    commands.stop_command(runtime, part.job_dir, why), timeout)
+                said = out.decode(errors="replace").strip()
+                if FROZEN_WORDS in said:
+                    self._frozen.add(part.host)
+                self.log.info("stopping the job on %s: %s", part.host, said)
             except (HostUnreachable, HostNotAllowedError) as exc:
                 self.log.error("could not reach %s to stop the job: %s", part.host, exc)
 

@@ -59,6 +59,23 @@ def test_estimating_leaves_this_process_fleet_state_as_it_was():
     assert fleet.is_initialized() == before
 
 
+#: `python -m ringflow.train SPEC` in this process, then its VmHWM (kB) written to a file
+_RUN_AND_TELL_PEAK = """
+import re, runpy, sys
+spec, out = sys.argv[1:]
+sys.argv = ["ringflow.train", spec]
+try:
+    runpy.run_module("ringflow.train", run_name="__main__", alter_sys=True)
+except SystemExit as exc:
+    if exc.code:
+        raise
+with open("/proc/self/status") as f:
+    peak = re.search(r"^VmHWM:\\s+(\\d+) kB", f.read(), re.M)[1]
+with open(out, "w") as f:
+    f.write(peak)
+"""
+
+
 @pytest.mark.parametrize("spec", [
     {"model": "mlp", "global_batch_size": 256, "optimizer": {"type": "adam"},
      "model_args": {"input_size": 512, "hidden_size": 1024, "num_classes": 64,
@@ -73,14 +90,16 @@ def test_the_estimate_is_within_a_factor_of_the_real_peak_resident_memory(spec, 
     got = memory.estimate(spec, world_size=1)
     path = tmp_path / "spec.json"
     path.write_text(json.dumps(spec.to_dict()))
-    proc = subprocess.Popen([sys.executable, "-m", "ringflow.train", str(path)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            env={"PATH": os.environ["PATH"], "OMP_NUM_THREADS": "1",
-                                 "OPENBLAS_NUM_THREADS": "1"})
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    assert proc.returncode == 0, proc.stderr.read()
-    peak = usage.ru_maxrss * 1024   # KiB on Linux
+    # the peak as the run's own memory holds it (VmHWM after the run): the child's rusage
+    # ru_maxrss would also count the pytest process it was forked from (Linux keeps the
+    # forked copy's high-water mark across exec), hundreds of MiB late in a suite
+    hwm = tmp_path / "vmhwm"
+    proc = subprocess.run([sys.executable, "-c", _RUN_AND_TELL_PEAK, str(path), str(hwm)],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                          timeout=300, env={"PATH": os.environ["PATH"], "OMP_NUM_THREADS": "1",
+                                            "OPENBLAS_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr
+    peak = int(hwm.read_text()) * 1024   # kB
     assert got.total - got.runtime > 80 * memory.MIB   # the arrays, not the interpreter, count
     assert 1 / FACTOR < got.total / peak < FACTOR, (got.describe(), peak / memory.MIB)
     print(f"{spec.model}: estimate {got.describe()}; peak {peak / memory.MIB:.1f} MiB")

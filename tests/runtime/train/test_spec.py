@@ -19,7 +19,7 @@ DEFAULTS = {
     "grad_clip": None, "steps": 200, "global_batch_size": 32, "seed": 0,
     "tensor_parallel_degree": 1, "dtype": "float32", "log_every": 10,
     "checkpoint_dir": None, "checkpoint_every": 100, "resume": True, "amp": False,
-    "recompute": False, "sharding_stage": 0,
+    "recompute": False, "sharding_stage": 0, "gradient_accumulation_steps": 1,
 }
 
 # (fields given, the message the ConfigError must contain)
@@ -100,6 +100,11 @@ INVALID = [
     ({"lr_schedule": {"type": "linear_warmup", "warmup_steps": 5,
                       "after": {"type": "linear_warmup"}}},
      "lr_schedule.after.type must be one of cosine, step, got 'linear_warmup'"),
+    ({"gradient_accumulation_steps": 0}, "gradient_accumulation_steps must be an integer >= 1"),
+    ({"gradient_accumulation_steps": 2, "amp": True},
+     "gradient_accumulation_steps 2 does not combine with amp"),
+    ({"gradient_accumulation_steps": 2, "sharding_stage": 1},
+     "gradient_accumulation_steps 2 does not combine with sharding"),
 ]
 
 
@@ -167,6 +172,9 @@ def test_from_json_file_reads_a_spec_and_names_bad_json(tmp_path):
      "global_batch_size 3 is not divisible by the data-parallel degree 2"),
     ({"model": "mlp", "model_args": {"hidden_size": 30}, "tensor_parallel_degree": 4}, 4, 4,
      "model_args.hidden_size 30 is not divisible by tensor_parallel_degree 4"),
+    ({"global_batch_size": 6, "gradient_accumulation_steps": 2}, 2, 2,
+     "global_batch_size 6 is not divisible by gradient_accumulation_steps 2 x the "
+     "data-parallel degree 2"),
     ({"tensor_parallel_degree": 8}, 8, 8,   # the default transformer has 4 heads
      "model_args.num_heads 4 is not divisible by tensor_parallel_degree 8"),
 ])
@@ -193,7 +201,7 @@ def test_fields_are_introspectable_with_real_types_and_documented():
     assert FIELD_MINIMUMS == {"steps": 1, "global_batch_size": 1, "seed": 0,
                               "tensor_parallel_degree": 1, "log_every": 1,
                               "checkpoint_every": 1, "sharding_stage": 0,
-                              "eval_every": 1}
+                              "eval_every": 1, "gradient_accumulation_steps": 1}
     assert FIELD_MAXIMUMS == {"sharding_stage": 2}
     with pytest.raises(dataclasses.FrozenInstanceError):
         JobSpec().steps = 3  # type: ignore[misc]

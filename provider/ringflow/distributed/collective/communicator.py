@@ -23,6 +23,7 @@ from ringflow.distributed.collective.transport.base import (
     Deadline,
     Link,
     OpContext,
+    global_ranks,
     rank_names,
 )
 from ringflow.distributed.collective.wiring import SUPPORTED, Wiring
@@ -42,8 +43,10 @@ class Communicator(Wiring):
         self.ring_id, self.rank, self.nranks = ring_id, rank, nranks
         self.endpoints = eps
         self.settings = settings
+        world = _world_endpoints()
         self.ctx = OpContext(rank, ring_id, "init", host=str(eps[rank]),
-                             names=rank_names(ring_id, eps, _world_endpoints()))
+                             names=rank_names(ring_id, eps, world),
+                             global_ranks=global_ranks(eps, world))
         self._job_id = job_id
         self._key = rendezvous.JobKey(job_id, token)
         self._link: Link | None = None

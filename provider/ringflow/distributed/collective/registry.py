@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
 import os
 import sys
 import threading
@@ -16,7 +17,7 @@ from collections.abc import Sequence
 
 from ringflow.distributed.collective import rendezvous
 from ringflow.distributed.collective.communicator import Communicator
-from ringflow.distributed.collective.transport.base import peer_failure_seen
+from ringflow.distributed.collective.transport.base import blamed_rank, peer_failure_seen
 from ringflow.distributed.env import Endpoint, comm_settings
 from ringflow.errors import CommError, ConfigError
 
@@ -30,9 +31,11 @@ _next_group_id = FIRST_GROUP_RING_ID
 
 
 def init_ring(ring_id: int, endpoints: Sequence[str | Endpoint], rank: int, nranks: int,
-              *, job_id: str | None = None, token: str | None = None) -> Communicator:
+              *, job_id: str | None = None, token: str | None = None,
+              two_level: bool | None = None) -> Communicator:
     """Create ring `ring_id` among `endpoints` (one per rank) and register it; every rank of
-    the ring calls this. Calling it again with the same members returns the existing ring."""
+    the ring calls this. Calling it again with the same members returns the existing ring.
+    `two_level` overrides RINGFLOW_TWO_LEVEL for this ring (None: as it says)."""
     with _lock:
         existing = _rings.get(ring_id)
         if existing is not None:
@@ -46,7 +49,10 @@ def init_ring(ring_id: int, endpoints: Sequence[str | Endpoint], rank: int, nran
     if nranks > 1 and not (job_id and token):
         raise ConfigError("RINGFLOW_JOB_ID and RINGFLOW_JOB_TOKEN must be set to create a ring "
                           "of more than one rank (the launcher sets them)")
-    comm = Communicator(ring_id, endpoints, rank, nranks, job_id, token, comm_settings())
+    settings = comm_settings()
+    if two_level is not None:
+        settings = dataclasses.replace(settings, two_level=two_level)
+    comm = Communicator(ring_id, endpoints, rank, nranks, job_id, token, settings)
     with _lock:
         _rings[ring_id] = comm
     return comm
@@ -96,8 +102,11 @@ def _at_exit() -> None:
     if _rings and os.environ.get(EXIT_TIME_VAR) == "1":
         # For a launcher that names the first rank to fail (ringflow-poprun): the time this
         # rank began to exit, before its peers can see its rings close and fail in turn.
-        # "after-peer-failure": this rank saw a peer fail first, so it is not the root cause
-        after = " after-peer-failure" if peer_failure_seen() else ""
+        # "after-peer-failure [R]": this rank saw a peer fail first (global rank R, where
+        # known), so it is not the root cause
+        blamed = blamed_rank()
+        after = (" after-peer-failure" + ("" if blamed is None else f" {blamed}")
+                 if peer_failure_seen() else "")
         with contextlib.suppress(OSError, ValueError):  # one write: mpirun tags it whole
             sys.stderr.flush()
             os.write(sys.stderr.fileno(), f"ringflow-exit-time {time.time():.6f}{after}\n"

@@ -35,6 +35,12 @@ class MetaOptimizerBase:
         self.user_defined_optimizer = user_defined_optimizer
         self.user_defined_strategy = user_defined_strategy
 
+    def _scale_strategy(self) -> str:
+        """How the loss gradient is scaled for data parallelism (Paddle's
+        ``gradient_scale_configs["scale_strategy"]``: avg, sum or customized)."""
+        strategy = self.user_defined_strategy
+        return "avg" if strategy is None else strategy.gradient_scale_configs["scale_strategy"]
+
     def _update_inner_optimizer(self, optimizer: Any) -> None:
         self.inner_opt = optimizer
 

@@ -49,7 +49,7 @@ class GraphExecutionOptimizer(MetaOptimizerBase):
         ring = self.global_ring_id
         passes.init_communicator(sblock, endpoints, rank, ring, ring)
         passes.broadcast_params(sblock, ring, skip_distributed=False)
-        passes.insert_loss_grad_scale(block, len(endpoints))
+        passes.insert_loss_grad_scale(block, len(endpoints), self._scale_strategy())
         passes.insert_grad_allreduce(block, ring)
         passes.insert_found_inf_allreduce(block, [ring])
         return None, None

@@ -53,7 +53,7 @@ class ShardingOptimizer(MetaOptimizerBase):
             # both set: sharding runs the tensor-parallel rewrite too (Paddle's hybrid form)
             degree = strategy.tensor_parallel_configs["tensor_parallel_degree"]
             given = strategy.sharding_configs["mp_degree"]
-            if strategy._was_given("sharding", "mp_degree") and given != degree:
+            if strategy._was_given("sharding_configs", "mp_degree") and given != degree:
                 raise ConfigError(f"sharding_configs['mp_degree']={given} differs from "
                                   f"tensor_parallel_degree={degree}")
             strategy.sharding_configs = {"mp_degree": degree}
@@ -65,7 +65,7 @@ class ShardingOptimizer(MetaOptimizerBase):
     def _disable_strategy(self, dist_strategy) -> None:
         dist_strategy.sharding = False
         dist_strategy.sharding_configs = DistributedStrategy().sharding_configs
-        dist_strategy._given["sharding"].clear()
+        dist_strategy._given["sharding_configs"].clear()
 
     def _enable_strategy(self, dist_strategy, context=None) -> None:
         dist_strategy.sharding = True
@@ -93,7 +93,7 @@ class ShardingOptimizer(MetaOptimizerBase):
         mp = passes.check_degree(strategy._mp_degree() or 1, world)
         dp = world // mp
         degree = configs["sharding_degree"] if strategy._was_given(
-            "sharding", "sharding_degree") else dp
+            "sharding_configs", "sharding_degree") else dp
         if degree != dp:
             raise ConfigError(f"sharding_degree={degree} x mp_degree={mp} must be the world "
                               f"size {world}: sharding groups are the data-parallel ranks "
@@ -131,7 +131,7 @@ class ShardingOptimizer(MetaOptimizerBase):
 
     def _shard_main(self, block, sblock, shard_rank: int, params_grads) -> None:
         ring, mp_ring = self.sharding_ring_id, self.mp_ring_id
-        passes.insert_loss_grad_scale(block, self.sharding_degree)
+        passes.insert_loss_grad_scale(block, self.sharding_degree, self._scale_strategy())
         order = sp.reduced_grads(block)
         weights = [_nbytes(block.var(p)) for _, p, _ in order]
         self.owners = dict(zip([p for _, p, _ in order],

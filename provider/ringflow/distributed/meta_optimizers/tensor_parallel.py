@@ -65,7 +65,7 @@ class TensorParallelOptimizer(MetaOptimizerBase):
         self._init_process_group(startup.global_block(), groups)
         block = main.global_block()
         if groups.nranks > self.mp_degree:
-            passes.insert_loss_grad_scale(block, groups.dp_degree)
+            passes.insert_loss_grad_scale(block, groups.dp_degree, self._scale_strategy())
             passes.insert_grad_allreduce(block, self.dp_ring_id)
         if self.mp_degree > 1:
             passes.insert_clip_norm_allreduce(block, self.mp_ring_id)

@@ -119,11 +119,14 @@ def broadcast_params(block: Block, ring_id: int, skip_distributed: bool) -> None
 
 
 # main program --------------------------------------------------------------------------------
-def insert_loss_grad_scale(block: Block, dp_degree: int) -> Operator | None:
+def insert_loss_grad_scale(block: Block, dp_degree: int,
+                           scale_strategy: str = "avg") -> Operator | None:
     """Scales the loss gradient by 1/dp right after the last loss-grad op (in place), so
-    the dp all-reduce SUM of gradients is their mean. Returns the scale op."""
+    the dp all-reduce SUM of gradients is their mean. Returns the scale op. Paddle's
+    ``gradient_scale_configs["scale_strategy"]``: "avg" scales; "sum" (gradients summed over
+    the ranks) and "customized" (the user scales the loss) insert nothing."""
     anchors = block.find_ops(is_loss_grad_op)
-    if not anchors:
+    if not anchors or scale_strategy != "avg":
         return None
     loss_grad = anchors[-1].output_arg_names[0]
     return block.insert_op_after(

@@ -27,10 +27,18 @@ _CHECK_EVERY = 0.05
 # if it now fails, that is most likely a consequence of the peer's failure, which a
 # launcher naming the root cause wants to know (registry.py reports it at exit).
 _peer_failure_seen = False
+# ... and the global rank of the first peer it blamed, where known (the launcher names that
+# rank's host as the likely root cause when this rank's own failure followed)
+_blamed_rank: int | None = None
 
 
 def peer_failure_seen() -> bool:
     return _peer_failure_seen
+
+
+def blamed_rank() -> int | None:
+    """The global rank of the first peer a comm error of this process blamed, if known."""
+    return _blamed_rank
 
 
 @dataclass
@@ -46,6 +54,7 @@ class OpContext:
     op: str = "init"
     host: str = ""
     names: tuple[str, ...] = ()
+    global_ranks: tuple[int, ...] = ()  # by position, where the world's endpoints are known
 
     def name(self, position: int | None) -> str:
         """How errors name the rank at `position` of this ring."""
@@ -56,9 +65,11 @@ class OpContext:
         return f"rank {position}"
 
     def error(self, peer: int | None, cause: str, timeout: bool = False) -> CommError:
-        global _peer_failure_seen
+        global _peer_failure_seen, _blamed_rank
         if peer is not None:
             _peer_failure_seen = True
+            if _blamed_rank is None and 0 <= peer < len(self.global_ranks):
+                _blamed_rank = self.global_ranks[peer]
         who = self.name(self.rank) if self.names else (
             f"rank {self.rank}" + (f" ({self.host})" if self.host else ""))
         peer_txt = f" with peer {self.name(peer)}" if peer is not None else ""
@@ -66,15 +77,23 @@ class OpContext:
         return cls(f"{who}: {self.op} on ring {self.ring_id} failed{peer_txt}: {cause}")
 
 
+def global_ranks(endpoints: Sequence[object], world: Sequence[object] | None
+                 ) -> tuple[int, ...]:
+    """Each ring member's global rank: its index among the world's endpoints (() when the
+    world is not known or a member is not in it: a ring made by hand)."""
+    index = {str(e): g for g, e in enumerate(world or ())}
+    ranks = tuple(index.get(str(e), -1) for e in endpoints)
+    return () if -1 in ranks else ranks
+
+
 def rank_names(ring_id: int, endpoints: Sequence[object], world: Sequence[object] | None
                ) -> tuple[str, ...]:
     """``names`` of an OpContext: each ring member by its global rank (its index among the
     world's endpoints, when known) and host, plus its ring position where that differs."""
-    index = {str(e): g for g, e in enumerate(world or ())}
+    ranks = global_ranks(endpoints, world) or tuple(range(len(endpoints)))
     names = []
-    for position, endpoint in enumerate(endpoints):
+    for position, (endpoint, rank) in enumerate(zip(endpoints, ranks)):
         host = getattr(endpoint, "host", None) or str(endpoint).rpartition(":")[0]
-        rank = index.get(str(endpoint), position)
         extra = f" (position {position} in ring {ring_id})" if rank != position else ""
         names.append(f"rank {rank} on {host}{extra}")
     return tuple(names)

@@ -1,0 +1,73 @@
+"""The fault table of the docs, made from what the fault tests measured (not written by hand).
+
+`tests/provider/test_faults_across_hosts.py` appends one JSON record per scenario run to
+`build/fault-results.jsonl` (scenario, launcher, mode, bound, measured seconds, the failure
+line's head). This prints the newest record of each (scenario, launcher, mode) as a Markdown
+table, or with `--write FILE` replaces the table between the markers
+`<!-- fault-table -->` and `<!-- end fault-table -->` in FILE.
+
+    python scripts/fault_table.py [--results build/fault-results.jsonl] [--write README.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+START, END = "<!-- fault-table -->", "<!-- end fault-table -->"
+# the hosts' addresses change from run to run: the table shows them by role
+_ADDRESS = re.compile(r"\b\d{1,3}\.\d{1,3}\.\d{1,3}\.\d{1,3}\b")
+
+
+def newest(records: list[dict]) -> list[dict]:
+    """The newest record of each scenario, launcher and mode, in the order first seen."""
+    by_key: dict[tuple, dict] = {}
+    for record in records:
+        by_key[(record["scenario"], record["launcher"], record["mode"])] = record
+    return list(by_key.values())
+
+
+def table(records: list[dict]) -> str:
+    rows = ["| scenario | launcher | mode | what the task says | bound | measured |",
+            "|---|---|---|---|---|---|"]
+    for r in newest(records):
+        seen = _ADDRESS.sub("HOST", r["seen"]).replace("|", "\\|")
+        measured = "-" if r.get("measured_s") is None else f"{r['measured_s']:g} s"
+        rows.append(f"| {r['scenario']} | {r['launcher']} | {r['mode']} | {seen} | "
+                    f"{r['bound']} | {measured} |")
+    heartbeat = {r.get("heartbeat_s") for r in records if r.get("heartbeat_s")}
+    note = (f"\nMeasured with `heartbeat_timeout` {', '.join(f'{h:g}' for h in sorted(heartbeat))}"
+            f" s, on {records[-1]['at'][:10]}.\n" if heartbeat and records else "\n")
+    return "\n".join(rows) + "\n" + note
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--results", type=Path, default=ROOT / "build" / "fault-results.jsonl")
+    parser.add_argument("--write", type=Path, default=None, metavar="FILE")
+    ns = parser.parse_args(argv)
+    try:
+        lines = ns.results.read_text().splitlines()
+    except OSError as exc:
+        print(f"fault_table: no results to read ({exc}); run the fault tests first: "
+              "pytest tests/provider/test_faults_across_hosts.py", file=sys.stderr)
+        return 1
+    text = table([json.loads(line) for line in lines if line.strip()])
+    if ns.write is None:
+        print(text, end="")
+        return 0
+    doc = ns.write.read_text()
+    if START not in doc or END not in doc:
+        print(f"fault_table: {ns.write} has no {START} ... {END} markers", file=sys.stderr)
+        return 1
+    head, rest = doc.split(START, 1)
+    ns.write.write_text(f"{head}{START}\n{text}{END}{rest.split(END, 1)[1]}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
