@@ -1,10 +1,11 @@
 """A transformer trained on text (the repository's own source, char tokenizer, a validation
 tail) as real launcher jobs: the same job at (world, mp) = (1,1), (2,1), (2,2) and (4,2) on
 two "hosts" (127.0.0.1 and 127.0.0.2, an agent each) prints equal per-step training and
-validation losses; a resumed job continues bitwise; ``ringflow evaluate`` on the (2,2)
-checkpoint in one process gives the job's last validation loss; ``ringflow generate`` is
-deterministic from a seed and the same from the TP-2 checkpoint as from the serial job's.
-The jobs run once per module; each test reads them."""
+validation losses, and so does (2,1) with gradient accumulation; a resumed job continues
+bitwise; ``ringflow evaluate`` on the (2,2) checkpoint in one process gives the job's last
+validation loss; ``ringflow generate`` is deterministic from a seed and the same from the
+TP-2 checkpoint as from the serial job's. The jobs run once per module; each test reads
+them."""
 
 from __future__ import annotations
 
@@ -69,12 +70,15 @@ def jobs(tmp_path_factory):
             name = f"w{world}mp{mp}.json"
             outs[world, mp] = (_two_hosts(harness, spec, name) if world == 4
                                else run_job(harness, spec, world, name, timeout=120))
+        accumulated = run_job(harness, {**_job(corpus, harness.dir / "ck-accumulated"),
+                                        "gradient_accumulation_steps": 2}, 2,
+                              "accumulated.json", timeout=120)
         resumed_ck = harness.dir / "ck-resumed"
         spec = {**_job(corpus, resumed_ck), "tensor_parallel_degree": 2}
         first = run_job(harness, {**spec, "steps": 2}, 2, "first.json", timeout=120)
         resumed = run_job(harness, spec, 2, "resumed.json", timeout=120)
         yield {"outs": outs, "cks": cks, "corpus": corpus, "first": first,
-               "resumed": resumed, "dir": harness.dir}
+               "resumed": resumed, "accumulated": accumulated, "dir": harness.dir}
     finally:
         harness.cleanup()
     assert not marked_processes(harness.mark)
@@ -101,6 +105,18 @@ def test_every_layout_trains_and_validates_on_the_same_text(jobs):
     assert "on 2 host(s)" in outs[4, 2].stdout
     # the validation loss is real: below the uniform guess over the 128 tokens
     assert _val(serial)[4] < _val(serial)[2] < math.log(128)
+
+
+def test_gradient_accumulation_trains_and_validates_as_the_whole_batch(jobs):
+    """(2,1) in two micro-steps of 4 samples (2 a rank): the same per-step training and
+    validation losses as the serial job (validation runs in micro-batches too)."""
+    out, serial = jobs["accumulated"], jobs["outs"][1, 1]
+    assert out.code == 0, out.stdout + out.stderr
+    assert sorted(out.losses) == [1, 2, 3, 4] and sorted(_val(out)) == [2, 4]
+    np.testing.assert_allclose([out.losses[s] for s in (1, 2, 3, 4)],
+                               [serial.losses[s] for s in (1, 2, 3, 4)], rtol=1e-10, atol=0)
+    np.testing.assert_allclose([_val(out)[s] for s in (2, 4)],
+                               [_val(serial)[s] for s in (2, 4)], rtol=1e-10, atol=0)
 
 
 def test_the_summary_keeps_the_validation_and_marks_the_best_checkpoint(jobs):
