@@ -82,6 +82,7 @@ def test_evaluate_returns_the_jobs_validation_loss_and_generated_text(trained):
     assert result["perplexity"] == pytest.approx(math.exp(result["val_loss"]), rel=1e-12)
     assert result["step"] == 6 and result["checkpoint"] == summary["checkpoint"]
     assert isinstance(result["generated"], str) and len(result["generated"]) == 30
+    assert result["prompt"] == "def "
     assert f"def {result['generated']}" in log_text(op)
     again = evaluator(checkpoint=summary["checkpoint"], prompt="def ", max_new_tokens=30,
                       seed=2, top_k=8).execute(ctx())

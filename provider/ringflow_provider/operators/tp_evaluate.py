@@ -29,8 +29,8 @@ class TPEvaluateOperator(BaseOperator):
     Runs ``python -m ringflow.evaluate CHECKPOINT [--data PATH]`` (one process; a checkpoint
     of any layout, its tensor-parallel shards put together) and, with a ``prompt``, ``python
     -m ringflow.generate``; returns ``{"val_loss", "perplexity" (a language model) or
-    "accuracy" (a classifier), "checkpoint", "step", "samples", "generated"}`` (XCom). The
-    generated text goes to the task log too.
+    "accuracy" (a classifier), "checkpoint", "step", "samples", "prompt", "generated"}``
+    (XCom: the generated text follows the prompt). The text goes to the task log too.
 
     :param checkpoint: a checkpoint step folder or a checkpoint_dir (its newest complete
         checkpoint); a DAG scheduled on the training Asset finds it in the event's extra
@@ -98,7 +98,7 @@ class TPEvaluateOperator(BaseOperator):
                       result.get("step"), result.get("samples"), shown)
         if args.prompt is not None:
             sampled = self._call(run, "ringflow generate", ev.generate_argv(args))
-            result["generated"] = sampled.get("text", "")
+            result["prompt"], result["generated"] = args.prompt, sampled.get("text", "")
             self.log.info("generated from the prompt %r (seed %s):\n%s%s", args.prompt,
                           args.seed, args.prompt, result["generated"])
         return result
