@@ -6,9 +6,10 @@ ranks split every layer, the others are data-parallel replicas. The defaults tra
 transformer character by character (`tokenizer="char"`) on `data/ringflow_corpus.txt`, a
 corpus of this project's own text (its README and the training runtime's sources, 350,453
 characters, 98 distinct) with 5 % held out for validation, with degree 2 on 2 ranks: in 600
-steps (about 30 s here) the validation loss falls from 4.8 to about 1.7 nats per character,
-against the corpus's unigram entropy of 3.45 (what a model that knows only how often each
-character occurs would reach). The MLP trains on its own synthetic classification data.
+steps (16 s on an idle 2-core machine) the validation loss falls to 2.89 nats per character
+at step 100 and 1.85 at step 600, against the corpus's unigram entropy of 3.45 (what a model
+that knows only how often each character occurs reaches). The MLP trains on its own
+synthetic classification data.
 
 What you get: a progress line every `log_every` steps in the task log (with the validation
 loss every 100 steps), a summary in XCom (`final_loss`, `loss_history`, `val_loss`,
@@ -64,7 +65,7 @@ PYTHONS = ["python3"]
 #: reaches on it does not move when the README or the sources change
 CORPUS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "ringflow_corpus.txt")
 #: the evaluate DAG's gate: a validation loss above this (nats per character) fails it; the
-#: corpus's unigram entropy is 3.45, the default run reaches about 1.7
+#: corpus's unigram entropy is 3.45, the default run reaches 1.85
 MAX_VAL_LOSS = 2.5
 
 # What a value may be (type, bounds, choices, pattern) comes from the operator's own rules
