@@ -1,5 +1,5 @@
-"""Train a small GPT (the transformer) on text, or an MLP, with tensor and data parallelism on
-this Airflow worker's CPU, with ringflow's `TPTrainOperator`.
+"""Train a small transformer language model on text, or an MLP, with tensor and data parallelism
+on this Airflow worker's CPU, with ringflow's `TPTrainOperator`.
 
 `nproc_per_host` worker processes (ranks) run the job: `tensor_parallel_degree` consecutive
 ranks split every layer, the others are data-parallel replicas. The defaults train the
@@ -73,7 +73,7 @@ MAX_VAL_LOSS = 2.5
 # choice (the built-in models), so the form cannot offer what the operator refuses.
 PARAMS = tp_train.params({
     "model": {"default": "transformer", "enum": ["transformer", "mlp"], "section": JOB,
-              "description": "Built-in model: a small GPT (the transformer) learning the "
+              "description": "Built-in model: a small transformer learning the "
                              "project's own text character by character, or an MLP "
                              "classifier on synthetic data"},
     "steps": {"default": 600, "section": JOB,

@@ -165,12 +165,12 @@ def run_id_of(out: subprocess.CompletedProcess, dag_id: str) -> str:
 
 
 @pytest.mark.slow
-def test_the_demo_gpt_learns_the_corpus_and_the_evaluate_dag_gates_and_writes_text(
+def test_the_demo_transformer_learns_the_corpus_and_the_evaluate_dag_gates_and_writes_text(
         airflow_home, mark):
-    """The example DAG with its defaults (the job `make demo` runs): a char-level GPT on the
-    corpus reaches a validation loss well below the corpus's unigram entropy (<= 0.8 x);
-    the evaluate DAG, started by hand, takes the Asset's newest event, evaluates that
-    checkpoint to the job's validation loss, passes its gate and writes seeded text."""
+    """The example DAG with its defaults (the job `make demo` runs): a char-level transformer
+    on the corpus reaches a validation loss well below the corpus's unigram entropy (<= 0.8
+    x); the evaluate DAG, started by hand, takes the Asset's newest event, evaluates that
+    checkpoint to the job's validation loss, passes its gate and writes the text."""
     corpus = (REPO / "dags" / "data" / "ringflow_corpus.txt").read_text(encoding="utf-8")
     entropy = unigram_entropy(corpus)
     assert 3.3 < entropy < 3.6, entropy                    # 3.446 nats per character
