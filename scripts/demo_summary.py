@@ -156,7 +156,8 @@ def show_evaluation(dag_id: str, task_id: str, found: dict[str, Any] | None) -> 
           f"{found['task_state']})")
     result = found["value"]
     if not result:
-        print("(no evaluation: see the task log)")
+        print(f"(no result: the task {found['task_state'] or 'did not run'}; its log says why"
+              f", e.g. a model that misses the gate or one trained without validation data)")
         return 0 if found["state"] == "success" else 1
     metrics = ", ".join(f"{k} {result[k]:.4f}" for k in ("val_loss", "perplexity", "accuracy")
                         if k in result)
