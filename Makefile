@@ -6,13 +6,13 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint sysdeps venv clean bench bench-train bench-allreduce bench-hosts \
+.PHONY: demo test docs lint sysdeps venv clean bench bench-train bench-allreduce bench-hosts \
 	bench-sysdeps bench-deferral
 
 $(STAMP): pyproject.toml setup.cfg
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test,plot]'
+	$(PY) -m pip install --quiet -e '.[test,plot,docs]'
 	@# setuptools leaves the build's egg-info in provider/, which the editable install puts on
 	@# sys.path: a second copy of the distribution's metadata, so Airflow would load the
 	@# `airflow.plugins` entry point twice ("Plugin 'ringflow' already registered")
@@ -76,8 +76,16 @@ demo: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check provider tests benchmarks dags scripts examples
 
+# The docs site (mkdocs.yml, docs/) into build/site; --strict: a broken link, a page missing
+# from the nav or an argument without docs is an error. Also built by tests/test_docs.py.
+# The argument tables import the operators, so Airflow: its home is a folder in build/, not
+# the user's ~/airflow.
+docs: $(STAMP)
+	AIRFLOW_HOME=$(CURDIR)/build/docs-airflow NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
 test: sysdeps $(STAMP)
 	$(VENV)/bin/ruff check provider tests benchmarks dags scripts examples
+	$(MAKE) docs
 	$(PY) -m pytest
 
 # Benchmarks (not tests). The training step compares against PyTorch, which is installed

@@ -10,7 +10,7 @@ hosts in the same run: a raw two-way socket stream of the same size (allreduce_w
 The ranks run on the hosts' own interpreter (Debian's /usr/bin/python3 + numpy), with the
 checkout's runtime on PYTHONPATH (the hosts share /usr and this folder, not /tmp or home).
 Writes benchmarks/allreduce-hosts.jsonl; prints the table and the goal (busbw >= 85 % of the
-stream), which --readme writes into the README's section.
+stream), which --readme writes into the benchmarks page of the docs.
 """
 
 from __future__ import annotations
@@ -127,7 +127,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--sizes", default=",".join(map(str, SIZES)))
     ap.add_argument("--report", type=Path, help="only summarize this .jsonl file")
-    ap.add_argument("--readme", action="store_true", help="write the tables into README.md")
+    ap.add_argument("--readme", action="store_true",
+                    help="write the tables into docs/benchmarks/index.md")
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     if args.report:
@@ -151,13 +152,13 @@ def main() -> None:
     text = table(summary, sizes) + "\n\n" + goal_lines(summary)
     print(text)
     if args.readme:
-        readme = REPO / "README.md"
+        readme = REPO / "docs" / "benchmarks" / "index.md"
         body = readme.read_text()
         begin, end = "<!-- table: allreduce-hosts -->", "<!-- end table: allreduce-hosts -->"
         body, count = re.subn(rf"{re.escape(begin)}.*?{re.escape(end)}",
                               f"{begin}\n{text}\n{end}", body, flags=re.S)
         if count != 1:
-            sys.exit("README.md has no allreduce-hosts table markers")
+            sys.exit(f"{readme} has no allreduce-hosts table markers")
         readme.write_text(body)
 
 

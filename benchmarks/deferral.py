@@ -16,8 +16,8 @@ triggerer; SQLite), tests/airflow_services.py.
     .venv/bin/python benchmarks/deferral.py [--minutes 5] [--jobs 50] [--readme]
 
 Needs root (the namespace hosts). Writes benchmarks/deferral.jsonl; --readme writes the
-README's table. Goals: deferrable <= 10 worker-slot seconds; per job <= 0.5 % of a core and
-a line delay p95 <= 2 x poll_interval.
+table into the docs (docs/guides/deferrable.md). Goals: deferrable <= 10 worker-slot seconds;
+per job <= 0.5 % of a core and a line delay p95 <= 2 x poll_interval.
 """
 
 from __future__ import annotations
@@ -293,11 +293,11 @@ def readme_table(records: list[dict]) -> str:
 
 
 def write_readme(table: str) -> None:
-    readme = REPO / "README.md"
+    readme = REPO / "docs" / "guides" / "deferrable.md"
     text = readme.read_text()
     start, end = "<!-- table: deferral -->", "<!-- end table: deferral -->"
     if start not in text:
-        raise SystemExit(f"README.md has no {start} ... {end} section")
+        raise SystemExit(f"{readme} has no {start} ... {end} section")
     head, rest = text.split(start, 1)
     _, tail = rest.split(end, 1)
     readme.write_text(f"{head}{start}\n{table}\n{end}{tail}")

@@ -2,11 +2,12 @@
 
 `tests/provider/test_faults_across_hosts.py` appends one JSON record per scenario run to
 `build/fault-results.jsonl` (scenario, launcher, mode, bound, measured seconds, the failure
-line's head). This prints the newest record of each (scenario, launcher, mode) as a Markdown
-table, or with `--write FILE` replaces the table between the markers
-`<!-- fault-table -->` and `<!-- end fault-table -->` in FILE.
+line's head). This makes the newest record of each (scenario, launcher, mode) a row of a
+Markdown table and replaces the table between the markers `<!-- fault-table -->` and
+`<!-- end fault-table -->` in the docs' troubleshooting page (`docs/troubleshooting.md`), or
+in FILE with `--write FILE`; `--print` prints the table instead.
 
-    python scripts/fault_table.py [--results build/fault-results.jsonl] [--write README.md]
+    python scripts/fault_table.py [--results build/fault-results.jsonl] [--write FILE | --print]
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+DOC = ROOT / "docs" / "troubleshooting.md"
 START, END = "<!-- fault-table -->", "<!-- end fault-table -->"
 # the hosts' addresses change from run to run: the table shows them by role
 _ADDRESS = re.compile(r"\b\d{1,3}\.\d{1,3}\.\d{1,3}\.\d{1,3}\b")
@@ -48,7 +50,10 @@ def table(records: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--results", type=Path, default=ROOT / "build" / "fault-results.jsonl")
-    parser.add_argument("--write", type=Path, default=None, metavar="FILE")
+    target = parser.add_mutually_exclusive_group()
+    target.add_argument("--write", type=Path, default=DOC, metavar="FILE",
+                        help=f"the page whose table is replaced (default {DOC.relative_to(ROOT)})")
+    target.add_argument("--print", action="store_true", help="print the table, write nothing")
     ns = parser.parse_args(argv)
     try:
         lines = ns.results.read_text().splitlines()
@@ -57,15 +62,21 @@ def main(argv: list[str] | None = None) -> int:
               "pytest tests/provider/test_faults_across_hosts.py", file=sys.stderr)
         return 1
     text = table([json.loads(line) for line in lines if line.strip()])
-    if ns.write is None:
+    if ns.print:
         print(text, end="")
         return 0
-    doc = ns.write.read_text()
+    try:
+        doc = ns.write.read_text()
+    except OSError as exc:
+        print(f"fault_table: cannot read {ns.write} ({exc.strerror})", file=sys.stderr)
+        return 1
     if START not in doc or END not in doc:
         print(f"fault_table: {ns.write} has no {START} ... {END} markers", file=sys.stderr)
         return 1
     head, rest = doc.split(START, 1)
     ns.write.write_text(f"{head}{START}\n{text}{END}{rest.split(END, 1)[1]}")
+    print(f"fault_table: {len(newest([json.loads(x) for x in lines if x.strip()]))} row(s) "
+          f"written to {ns.write}")
     return 0
 
 

@@ -316,6 +316,29 @@ class NsHosts(Sequence[NsHost]):
                                          f"its init and sshd at start: {host.leftovers()}")
                 time.sleep(0.02)
 
+    def reboot(self, host: NsHost) -> None:
+        """The host loses power and boots again: its pid 1 is killed (every process of the
+        host dies with it, and its PID, mount, IPC and UTS namespaces, /tmp and /dev/shm
+        go), then made again with its sshd. Its home (its disk), address and host key
+        stay."""
+        index = self.hosts.index(host)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(host.init_pid, signal.SIGKILL)
+        self._inits[index].wait(timeout=net.STEP_TIMEOUT_S)
+        host.init_pid, host.pid_ns = 0, ""
+        self._start_host(host)
+        self._inits[index] = self._inits.pop()
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while not (host.init_pid and host.pid_ns and _accepts(host.address, host.ssh_port)):
+            if time.monotonic() > deadline:
+                raise HostSetupError(f"namespace host {host.name} did not boot again within "
+                                     f"{READY_TIMEOUT_S} s")
+            host.init_pid = host.init_pid or _only_child(self._inits[index].pid)
+            if host.init_pid and not host.pid_ns:
+                with contextlib.suppress(OSError):
+                    host.pid_ns = os.readlink(f"/proc/{host.init_pid}/ns/pid")
+            time.sleep(0.02)
+
     # removing -----------------------------------------------------------------------------
     def close(self) -> None:
         """Kill every host's pid 1 (the kernel kills the rest of its PID namespace), then

@@ -31,7 +31,7 @@ def test_the_newest_record_of_each_scenario_makes_a_row_with_hosts_by_role(tmp_p
                    row("partition", "ssh", 9.6, "lost contact with host 10.1.2.3 (ranks 2, 3)"),
                    row("partition", "mpirun", 14.1, "lost contact with host 10.9.9.3"),
                    row("partition", "ssh", 10.2, "lost contact with host 10.4.5.6 (ranks 2, 3)"))
-    out = run("--results", str(path))
+    out = run("--results", str(path), "--print")
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert lines[2:4] == [
@@ -51,6 +51,27 @@ def test_write_replaces_only_the_table_between_the_markers(tmp_path):
     assert "old" not in text and text.endswith("<!-- end fault-table -->\nafter\n")
 
 
+def test_by_default_it_writes_the_troubleshooting_page_of_the_docs(tmp_path):
+    """The script run from a copy of the repository's layout (tmp): without --write it
+    replaces the table in docs/troubleshooting.md next to its scripts/ folder."""
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "docs").mkdir()
+    script = tmp_path / "scripts" / "fault_table.py"
+    script.write_text(SCRIPT.read_text())
+    page = tmp_path / "docs" / "troubleshooting.md"
+    page.write_text("# Troubleshooting\n<!-- fault-table -->\n<!-- end fault-table -->\n")
+    path = records(tmp_path / "r.jsonl", row("flap", "ssh", None, "the task succeeds"))
+    out = subprocess.run([sys.executable, str(script), "--results", str(path)],
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == f"fault_table: 1 row(s) written to {page}\n"
+    assert "| flap | ssh | attached | the task succeeds | b | - |" in page.read_text()
+    page.unlink()
+    out = subprocess.run([sys.executable, str(script), "--results", str(path)],
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 1 and f"cannot read {page}" in out.stderr
+
+
 def test_without_results_it_says_how_to_make_them(tmp_path):
-    out = run("--results", str(tmp_path / "none.jsonl"))
+    out = run("--results", str(tmp_path / "none.jsonl"), "--print")
     assert out.returncode == 1 and "run the fault tests first" in out.stderr

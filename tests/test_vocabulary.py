@@ -1,6 +1,7 @@
-"""One vocabulary in what ringflow says (task log, plot, XCom, the demo, docstrings): a
-layout reads "mp 2 x dp 1", as Paddle's hybrid_configs name the degrees, and the built-in
-model is the "transformer", never "GPT". Scans the code that users read the words of."""
+"""One vocabulary in what ringflow says (task log, plot, XCom, the demo, docstrings, the
+README and the docs): a layout reads "mp 2 x dp 1", as Paddle's hybrid_configs name the
+degrees, and the built-in model is the "transformer", never "GPT". Scans the code and the
+pages that users read the words of."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ GPT = re.compile(r"\bGPT\b")
 
 
 def sources() -> list[Path]:
-    return sorted(p for folder in FOLDERS for p in (REPO / folder).rglob("*.py"))
+    return sorted([*(p for folder in FOLDERS for p in (REPO / folder).rglob("*.py")),
+                   REPO / "README.md", REPO / "CHANGELOG.md", *(REPO / "docs").rglob("*.md")])
 
 
 def said(pattern: re.Pattern[str]) -> list[str]:
@@ -29,7 +31,8 @@ def said(pattern: re.Pattern[str]) -> list[str]:
 def test_the_sources_are_found():
     names = {p.relative_to(REPO).as_posix() for p in sources()}
     assert {"dags/ringflow_tp_train.py", "scripts/demo_summary.py",
-            "provider/ringflow_provider/operators/tp_train.py"} <= names
+            "provider/ringflow_provider/operators/tp_train.py", "README.md",
+            "docs/operators/tp-train.md", "docs/guides/fleet.md"} <= names
 
 
 def test_a_layout_is_said_as_mp_and_dp_degrees():

@@ -250,3 +250,24 @@ def test_a_failed_jobs_tab_shows_why_it_failed_naming_the_rank(airflow_services,
     failure.wait_for()
     assert failure.inner_text().startswith("try 1 failed")
     assert only["failure"].splitlines()[0] in failure.inner_text()
+
+
+def test_the_training_tab_of_a_deferred_task_draws_more_points_while_it_runs(
+        airflow_services, airflow_ui, runs):
+    """The triggerer watches the job and writes its progress lines into the task's log: the
+    tab reads them through Airflow's log reader as it does a running task's."""
+    api, page = airflow_services.api, airflow_ui
+    run = trigger(api, deferrable=True, poll_interval=1, **A_CONF)
+    api.wait_for_state(DAG, run, TASK, {"deferred"}, timeout=120)
+    metrics = f"{airflow_services.base_url}/ringflow/api/metrics/{DAG}/{quote(run)}/{TASK}"
+    wait_until(lambda: len(api.http.get(metrics).json()["tries"][0]["points"]) >= 3, 120,
+               "three progress points in the deferred try's log")
+    page.goto(task_tab(airflow_services.base_url, run))
+    frame = tab_frame(page)
+    frame.locator("#loss-chart path.series").first.wait_for()
+    first = drawn_points(frame)
+    assert 3 <= first < len(A_STEPS)
+    wait_until(lambda: drawn_points(frame) > first, 60, "more points drawn", step=0.5)
+    api.wait_for_run(DAG, run, timeout=240)
+    wait_until(lambda: drawn_points(frame) == len(A_STEPS), 30, "every point drawn", step=0.5)
+    frame.locator("#summary-table").wait_for()

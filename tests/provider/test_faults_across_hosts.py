@@ -11,13 +11,17 @@ The scenarios are paired rather than the full matrix (launcher x mode x scenario
 suite stays within its time budget: the partition, the scenario every other one builds on,
 runs in all four combinations, the link flap in two that differ in both. A frozen host is
 named as frozen with the ssh launcher (attached and deferred): under mpirun its Open MPI
-daemon freezes with it and the host is named as lost."""
+daemon freezes with it and the host is named as lost (attached only: the stop of what is
+left there is the first host's agent's, the same in both modes)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
 import re
+import signal
 import threading
 import time
 import uuid
@@ -28,6 +32,7 @@ from typing import Any
 import pytest
 from airflow.sdk.exceptions import TaskDeferred
 
+from ringflow.train.checkpoint import host_complete_steps
 from ringflow_provider.exceptions import RingflowHostUnreachableException
 from ringflow_provider.operators.tp_train import TPTrainOperator
 from tests.provider.conftest import wait_until
@@ -100,9 +105,10 @@ class Watched:
         return not self.thread.is_alive()
 
 
-def start(two_hosts, launcher: str, mode: str, heartbeat: float, **overrides) -> Watched:
+def start(two_hosts, launcher: str, mode: str, heartbeat: float, run_id: str | None = None,
+          try_number: int = 1, **overrides) -> Watched:
     hosts, conns = two_hosts
-    run_id = f"run-{uuid.uuid4().hex[:8]}"
+    run_id = run_id or f"run-{uuid.uuid4().hex[:8]}"
     args = dict(task_id="train", hosts=[h.address for h in hosts], ssh_conn_id=conns,
                 python="/usr/bin/python3", model="mlp", model_args=MLP, dtype="float32",
                 steps=100000, log_every=1, global_batch_size=256, seed=3,
@@ -117,7 +123,7 @@ def start(two_hosts, launcher: str, mode: str, heartbeat: float, **overrides) ->
         return op
 
     watched = Watched(make(), mode)
-    context = {"ti": TaskInstanceStub("faults", "train", run_id, 1, 0)}
+    context = {"ti": TaskInstanceStub("faults", "train", run_id, try_number, 0)}
 
     def attached() -> None:
         try:
@@ -222,6 +228,36 @@ def test_a_frozen_host_is_named_frozen(two_hosts, launcher, mode):
     assert failed_after <= 2 * HEARTBEAT_S + 3, f"failed {failed_after:.1f} s after freezing"
 
 
+def test_a_frozen_host_under_mpirun_leaves_nothing_of_the_job(two_hosts):
+    """launcher="mpirun", every process of the job on the second host SIGSTOPped, Open MPI's
+    daemon with them: mpirun gives the host up (named lost within 2 x the heartbeat
+    timeout) and the first host's agent continues and stops, over SSH, what ran there, so
+    no frozen process of the job stays on that host once the task has failed."""
+    hosts = two_hosts[0]
+    first, second = hosts[0].address, hosts[1].address
+    watched = start(two_hosts, "mpirun", "attached", HEARTBEAT_S)
+    watched.wait_for_step(5)
+    frozen = job_processes(hosts[1], watchers=False)
+    assert any("ringflow.train" in p.cmdline for p in frozen), frozen
+    assert any("orted" in p.cmdline for p in frozen), frozen
+    hosts[1].run(["kill", "-STOP", *(str(p.pid) for p in frozen)])
+    cut = time.monotonic()
+    assert watched.end(4 * HEARTBEAT_S + 30), ("the task did not end", watched.lines()[-40:])
+    failed_after = time.monotonic() - cut
+    message = str(watched.outcome.get("error"))
+    assert lost_line(second, first, f"lost contact with host {re.escape(second)}").match(
+        message), (message, watched.lines()[-30:])
+    # the stop ran before the task failed: what is left ends within moments, not never
+    wait_until(lambda: not job_processes(hosts[1], watchers=False), 5,
+               f"{second}: the frozen processes of the job to end")
+    assert any(f"{second} (given up): stopped" in line for line in watched.lines()), \
+        watched.lines()[-30:]
+    record("a frozen host (its job's processes stopped)", "mpirun", "attached",
+           "fails within 2 x heartbeat; nothing of the job left on the host",
+           round(failed_after, 1), message.split(";")[0])
+    assert failed_after <= 2 * HEARTBEAT_S + 3, f"failed {failed_after:.1f} s after freezing"
+
+
 @pytest.mark.parametrize("launcher,mode", [("ssh", "attached"), ("mpirun", "deferred")])
 def test_a_link_flap_shorter_than_the_heartbeat_timeout_loses_no_step(two_hosts, launcher,
                                                                         mode):
@@ -243,6 +279,161 @@ def test_a_link_flap_shorter_than_the_heartbeat_timeout_loses_no_step(two_hosts,
     record("a link flap shorter than the heartbeat timeout (5 s)", launcher, mode,
            "the job goes on; no step lost or repeated", None, "the task succeeds",
            FLAP_HEARTBEAT_S)
+
+
+def ranks_on(host) -> list:
+    """The ranks of the job on a host (not its supervisor or agent, whose arguments name
+    the training module too)."""
+    return [p for p in host.leftovers() if " -m ringflow.train " in p.cmdline
+            and "ringflow.launch" not in p.cmdline]
+
+
+def test_clock_skew_does_not_change_which_failure_is_named_first(two_hosts):
+    """The second host's clock 30 s behind (its ringflow processes add the test-only
+    RINGFLOW_TEST_CLOCK_SKEW_S to every time they report; the namespace hosts share one
+    kernel clock, and libfaketime is not installed here): a rank on the first host is
+    killed, 0.3 s later one on the second host (its ranks held stopped meanwhile, so they
+    cannot notice the first). By the second host's own clock its rank died 29.7 s earlier;
+    the launcher puts each host's times on its own clock (read when it started the job) and
+    names the rank that really failed first."""
+    hosts = two_hosts[0]
+    first, second = hosts[0].address, hosts[1].address
+    site = hosts[1].home / ".local/lib/python3.11/site-packages"
+    site.mkdir(parents=True, exist_ok=True)
+    skew = site / "ringflow_test_clock_skew.pth"
+    # every python on that host (its supervisor, agent, ranks and the launcher's clock
+    # reading) reads its user site
+    skew.write_text('import os; os.environ["RINGFLOW_TEST_CLOCK_SKEW_S"] = "-30"\n')
+    try:
+        watched = start(two_hosts, "ssh", "attached", HEARTBEAT_S)
+        watched.wait_for_step(5)
+        assert any(f"{second} +30." in line for line in watched.lines()), \
+            [line for line in watched.lines() if "clock" in line]
+        mine, theirs = (ranks_on(host) for host in hosts)
+        assert len(mine) == len(theirs) == 2, (mine, theirs)
+        hosts[1].run(["kill", "-STOP", *(str(p.pid) for p in theirs)])
+        hosts[0].run(["kill", "-KILL", str(mine[0].pid)])
+        time.sleep(0.3)
+        hosts[1].run(["kill", "-KILL", str(theirs[0].pid)])
+        hosts[1].run(["kill", "-CONT", str(theirs[1].pid)])
+        assert watched.end(60), ("the task did not end", watched.lines()[-20:])
+    finally:
+        skew.unlink()
+    message = str(watched.outcome.get("error"))
+    named = message.split(";")[0]
+    record("clock skew of 30 s on one host (a rank killed on each, 0.3 s apart)", "ssh",
+           "attached", "the rank that failed first is named", None, named.split(":")[0])
+    assert re.match(rf"training failed: rank [01] on host {re.escape(first)} \(pid "
+                    rf"{mine[0].pid}\) failed first with exit code 137", named), message
+
+
+def test_a_host_that_reboots_during_a_deferred_job(ns_hosts, two_hosts):
+    """The second host loses power and boots again (its PID, mount and IPC namespaces killed
+    and made again; its home, the disk, kept) while the triggerer watches the job: the task
+    names the host, the job is stopped on the first host, and the retry resumes from the
+    newest checkpoint complete on every host."""
+    hosts = two_hosts[0]
+    first, second = hosts[0].address, hosts[1].address
+    run_id = f"run-{uuid.uuid4().hex[:8]}"
+    job = dict(steps=2000, checkpoint_every=50)
+    watched = start(two_hosts, "ssh", "deferred", HEARTBEAT_S, run_id=run_id, **job)
+    watched.wait_for_step(120)
+    ns_hosts.reboot(hosts[1])
+    rebooted = time.monotonic()
+    assert watched.end(4 * HEARTBEAT_S + 30), ("the task did not end", watched.lines()[-20:])
+    failed_after = time.monotonic() - rebooted
+    message = str(watched.outcome.get("error"))
+    assert re.match(rf"training failed: lost contact with host {re.escape(second)} \(ranks 2, "
+                    rf"3\) after step \d+: its supervisor vanished \(the host rebooted, or it "
+                    rf"was killed\); rank [01] on host {re.escape(first)} noticed first",
+                    message), (message, watched.lines()[-30:])
+    wait_until(lambda: not job_processes(hosts[0]), 10, f"{first}: the job to stop")
+    record("a host reboots during a deferred job", "ssh", "deferred",
+           "the task names the host; a retry resumes", round(failed_after, 1),
+           message.split(";")[0])
+    folder = f".ringflow/checkpoints/faults/{run_id}/train"
+    complete = [{c.step for c in host_complete_steps(str(h.home / folder), i)}
+                for i, h in enumerate(hosts)]
+    newest = max(complete[0] & complete[1])
+    assert newest >= 100, complete
+    retry = start(two_hosts, "ssh", "attached", HEARTBEAT_S, run_id=run_id, try_number=2,
+                  **job)
+    assert retry.end(240), ("the retry did not end", retry.lines()[-20:])
+    summary = retry.outcome.get("result")
+    assert summary is not None, (retry.outcome, retry.lines()[-30:])
+    assert summary["resumed_from"] == newest, (summary["resumed_from"], complete)
+    assert summary["loss_history"][0][0] == newest + 1 and summary["steps"] == 2000
+
+
+def machine_pids(host, processes) -> list[int]:
+    """The machine's pids of some of a host's processes (given by their pid in the host)."""
+    wanted, found = {p.pid for p in processes}, []
+    for entry in Path("/proc").iterdir():
+        try:
+            if not entry.name.isdigit() or os.readlink(entry / "ns/pid") != host.pid_ns:
+                continue
+            status = (entry / "status").read_text()
+        except OSError:
+            continue
+        nspid = next((line.split()[1:] for line in status.splitlines()
+                      if line.startswith("NSpid:")), [])
+        if nspid and int(nspid[-1]) in wanted:
+            found.append(int(entry.name))
+    return found
+
+
+def test_a_straggler_is_named_with_its_step_times_and_no_false_failure(two_hosts):
+    """The second host's ranks slowed to about a third of their speed (SIGSTOP 20 ms, SIGCONT
+    10 ms, over and over: the machine has no cgroup v2 hierarchy mounted, so no cpu.max to
+    set): the job succeeds, a warning names the slow host and how many times slower its
+    steps are (each rank's own work: its step less the time it waited in the all-reduce),
+    and the summary XCom carries each host's step times."""
+    hosts = two_hosts[0]
+    first, second = hosts[0].address, hosts[1].address
+    watched = start(two_hosts, "ssh", "attached", FLAP_HEARTBEAT_S, steps=240,
+                    checkpoint_every=120)
+    watched.wait_for_step(25)
+    slow = machine_pids(hosts[1], ranks_on(hosts[1]))
+    assert len(slow) == 2, slow
+    done = threading.Event()
+
+    def duty_cycle() -> None:
+        while not done.is_set():
+            for sig, pause in ((signal.SIGSTOP, 0.02), (signal.SIGCONT, 0.01)):
+                for pid in slow:
+                    try:
+                        os.kill(pid, sig)
+                    except ProcessLookupError:
+                        return
+                time.sleep(pause)
+
+    cycler = threading.Thread(target=duty_cycle, daemon=True)
+    cycler.start()
+    try:
+        assert watched.end(240), ("the job did not end", watched.lines()[-20:])
+    finally:
+        done.set()
+        cycler.join(5)
+        for pid in slow:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+    summary = watched.outcome.get("result")
+    assert summary is not None, (watched.outcome, watched.lines()[-30:])
+    assert [s for s, _ in summary["loss_history"]] == list(range(1, 241))
+    warnings = [line for line in watched.lines() if line.startswith("straggler: ")]
+    assert warnings, [line for line in watched.lines() if "host step times" in line][-5:]
+    said = re.match(rf"straggler: host {re.escape(second)} is (\d+\.\d) x slower than the "
+                    rf"other hosts, steps \d+-\d+: its ranks' own work takes [\d.]+ s per "
+                    rf"step, theirs [\d.]+ s, and they wait [\d.]+ s per step for it in the "
+                    rf"all-reduce", warnings[0])
+    assert said and float(said[1]) >= 1.5, warnings
+    assert all(second in line and first not in line for line in warnings), warnings
+    steps = summary["host_step_s"]
+    assert set(steps) == {first, second} and set(summary["host_wait_s"]) == {first, second}
+    assert steps[second] > steps[first] > 0, steps
+    record("a straggler (one host's ranks slowed to a third)", "ssh", "attached",
+           "no false failure; a warning names the host and how much slower", None,
+           warnings[0].split(",")[0])
 
 
 def watch_sessions(host) -> list[int]:

@@ -56,7 +56,9 @@ DEFAULT_STATE = ".ringflow/jobs"
 # flags of poprun the composition never sets itself (those it sets are another rule's)
 FLAGS = ("--executable-cache-path=/tmp/cache", "--vipu-cluster=c1", "--offline-mode=yes",
          "--vipu-server-port=8091", "--num-ilds=1", "-v", "--reset-partition=no")
-FIELD_RULES_ACROSS = ("num_ipus", "ipus_per_replica", "nproc_per_host", "extra_env")
+# the rules across fields (the counts; env and mpirun args against the allow_unsafe_* flags)
+FIELD_RULES_ACROSS = ("num_ipus", "ipus_per_replica", "nproc_per_host", "extra_env", "secret_env",
+                      "mpi_global_args", "extra_poprun_args")
 
 
 def _int_or_text(low: int, high: int) -> st.SearchStrategy:
@@ -364,6 +366,7 @@ BASE = {"hosts": ["localhost"], "nproc_per_host": 1, "ipus_per_replica": 1, "num
 @example(values={**BASE, "mpi_global_args": [""]})
 @example(values={**BASE, "extra_env": {"FOO\n": "1"}})
 @example(values={**BASE, "extra_env": {"FOO": "1\n"}})
+@example(values={**BASE, "secret_env": {"PATH": "1"}})
 @example(values={**BASE, "mpi_global_args": [""], "poprun": CPU_POPRUN})
 def test_poprun_operator_arguments_are_refused_by_name_or_add_nothing(fixed_ids, values):
     given_values = dict(values)

@@ -9,12 +9,15 @@ from itertools import pairwise
 import pytest
 
 from ringflow_provider.launchers.job import JobHandle, TaskKey
+from ringflow_provider.launchers.lines import TIMING, JobLine
 from ringflow_provider.tp_train import outcome
 from ringflow_provider.tp_train.report import (
     XCOM_HISTORY_POINTS,
     JobReport,
+    Presenter,
     loss_figure,
     read_history,
+    stragglers,
     thin_history,
 )
 
@@ -89,3 +92,54 @@ def test_the_loss_plot_names_dag_run_and_task_labels_its_axes_and_marks_the_resu
             [("resumed from the checkpoint of step 120", [120, 120])]
     finally:
         plt.close(fig)
+
+
+def timing(step: int, own: list[float], wait: list[float]) -> JobLine:
+    payload = {"step": step, "steps": 20, "hosts": ["10.0.0.2", "10.0.0.3", "10.0.0.4"],
+               "host_step_s": own, "host_wait_s": wait}
+    return JobLine("10.0.0.2", "[rank 0] [train] timing " + json.dumps(payload), "stdout",
+                   TIMING, payload)
+
+
+def test_a_straggler_is_warned_of_once_until_it_falls_further_behind_or_catches_up():
+    present = Presenter(100)
+    level, text = present(timing(20, [0.010, 0.030, 0.011], [0.020, 0.001, 0.019]))
+    assert level == "warning" and text == (
+        "straggler: host 10.0.0.3 is 2.9 x slower than the other hosts, steps 1-20: its "
+        "ranks' own work takes 0.0300 s per step, theirs 0.0105 s, and they wait 0.0195 s "
+        "per step for it in the all-reduce")
+    # as slow again: one line of each host's times, no new warning
+    level, text = present(timing(40, [0.010, 0.031, 0.011], [0.020, 0.001, 0.019]))
+    assert level == "info" and text == (
+        "host step times, steps 21-40 (own work / waiting in the all-reduce, per step): "
+        "10.0.0.2 0.0100 / 0.0200 s, 10.0.0.3 0.0310 / 0.0010 s, 10.0.0.4 0.0110 / 0.0190 s")
+    assert present(timing(60, [0.010, 0.040, 0.011], [0.020, 0.001, 0.019]))[0] == "warning"
+    assert present(timing(80, [0.010, 0.011, 0.011], [0.001, 0.001, 0.001]))[0] == "info"
+    assert present(timing(100, [0.010, 0.030, 0.011], [0.020, 0.001, 0.019]))[0] == "warning"
+
+
+def test_tiny_differences_and_malformed_timing_lines_name_no_straggler():
+    assert stragglers({"step": 20, "steps": 20, "hosts": ["a", "b"],
+                       "host_step_s": [0.0010, 0.0025], "host_wait_s": [0.001, 0.0]}) == []
+    assert stragglers({"step": 20, "steps": 20, "hosts": ["a", "b"],
+                       "host_step_s": [0.01], "host_wait_s": [0.0, 0.0]}) == []
+
+
+def test_the_report_carries_each_hosts_mean_step_times_over_every_window():
+    report = JobReport()
+    report.feed(timing(20, [0.010, 0.030, 0.012], [0.020, 0.0, 0.018]))
+    report.feed(timing(40, [0.012, 0.050, 0.012], [0.040, 0.0, 0.040]))
+    assert report.host_step_s() == {"10.0.0.2": 0.011, "10.0.0.3": 0.04, "10.0.0.4": 0.012}
+    assert report.host_step_s(2) == {"10.0.0.2": 0.03, "10.0.0.3": 0.0, "10.0.0.4": 0.029}
+
+
+def test_failures_of_different_hosts_are_ordered_on_the_launchers_clock():
+    """The second host's clock 30 s behind: its rank's exit at 1000.5 on the launcher's
+    clock reads 970.5 there; the first host's at 1000.0 came first."""
+    report = JobReport()
+    for host, rank, at in (("a", 0, 1000.0), ("b", 2, 970.5)):
+        result = {"status": "failed", "failed_rank": rank,
+                  "ranks": [{"rank": rank, "ended_at": at, "after_peer_failure": False}]}
+        report.results[host] = result
+    assert report.first_failure(["a", "b"])[0] == "b"  # by the hosts' own clocks
+    assert report.first_failure(["a", "b"], {"a": 0.01, "b": 30.0})[0] == "a"

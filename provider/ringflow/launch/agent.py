@@ -22,7 +22,7 @@ from pathlib import Path
 from ringflow.errors import LaunchError
 from ringflow.launch.config import LaunchConfig
 from ringflow.launch.env import JOB_ID_VAR, JobIdentity, plan_endpoints, worker_env
-from ringflow.launch.exits import STDIN_CLOSED_EXIT, failure_order, signal_name
+from ringflow.launch.exits import STDIN_CLOSED_EXIT, failure_order, host_time, signal_name
 from ringflow.launch.logs import Console, LogPump, tail_lines
 from ringflow.launch.processes import (
     Prctl,
@@ -89,7 +89,7 @@ class Worker:
         if self.returncode is None:
             self.returncode = exit_status(self.proc.pid)
             if self.returncode is not None:
-                self.ended_at = round(time.time(), 3)
+                self.ended_at = round(host_time(), 3)
         return self.returncode is not None
 
 
@@ -359,7 +359,7 @@ class Agent:
             except subprocess.TimeoutExpired:
                 continue
             if w.returncode is None:
-                w.returncode, w.ended_at = w.proc.returncode, round(time.time(), 3)
+                w.returncode, w.ended_at = w.proc.returncode, round(host_time(), 3)
             if w.pidfd is not None:
                 os.close(w.pidfd)
                 w.pidfd = None

@@ -5,12 +5,14 @@ report with; and the one table of the exit codes ringflow's own processes end wi
 
 from __future__ import annotations
 
+import os
 import signal
+import time
 
-__all__ = ["EXIT_CHECKPOINT", "EXIT_CODES", "EXIT_CONFIG", "EXIT_ERROR", "EXIT_NONFINITE",
-           "EXIT_OK", "FOLDER_REFUSED_EXIT", "LOST_EXIT", "NOT_RETRIED", "RUNNING_EXIT",
-           "SETUP_EXIT", "STDIN_CLOSED_EXIT", "describe_exit", "describe_signal",
-           "failure_order", "shell_exit_code", "signal_name"]
+__all__ = ["CLOCK_SKEW_VAR", "EXIT_CHECKPOINT", "EXIT_CODES", "EXIT_CONFIG", "EXIT_ERROR",
+           "EXIT_NONFINITE", "EXIT_OK", "FOLDER_REFUSED_EXIT", "LOST_EXIT", "NOT_RETRIED",
+           "RUNNING_EXIT", "SETUP_EXIT", "STDIN_CLOSED_EXIT", "describe_exit",
+           "describe_signal", "failure_order", "host_time", "shell_exit_code", "signal_name"]
 
 # A rank of a training job (`python -m ringflow.train`), and the launcher agent after it
 EXIT_OK = 0
@@ -78,6 +80,22 @@ def describe_exit(code: int) -> str:
     if 128 < code <= 128 + _MAX_SIGNAL:
         return f"exit code {code} (128+{code - 128}: {signal_name(code - 128)})"
     return f"exit code {code}"
+
+
+# TEST ONLY: seconds added to every time a host's ringflow processes report (the exit times,
+# the agents' observations, the clock sample the provider takes): the fault tests' hosts
+# share one kernel clock, and this is how they give one of them a skewed clock
+CLOCK_SKEW_VAR = "RINGFLOW_TEST_CLOCK_SKEW_S"
+
+
+def host_time() -> float:
+    """This host's time.time(), as the times its ringflow processes report are taken (with
+    the test-only skew of CLOCK_SKEW_VAR)."""
+    try:
+        skew = float(os.environ.get(CLOCK_SKEW_VAR) or 0.0)
+    except ValueError:
+        skew = 0.0
+    return time.time() + skew
 
 
 def failure_order(after_peer_failure: bool, began_exit_at: float | None,

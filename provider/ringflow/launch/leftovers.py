@@ -21,8 +21,8 @@ from pathlib import Path
 from ringflow.launch.env import JOB_TOKEN_VAR
 from ringflow.launch.processes import scan_processes
 
-__all__ = ["alive", "ancestors", "job_processes", "processes_with_env", "stop_processes",
-           "stop_task_command"]
+__all__ = ["alive", "ancestors", "frozen_relatives", "job_processes", "processes_with_env",
+           "stop_frozen_job_command", "stop_processes", "stop_task_command"]
 
 PROC = Path("/proc")
 KILL_WAIT_S = 5.0
@@ -84,6 +84,55 @@ def stop_processes(pids: list[int], grace_s: float) -> list[int]:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, then)
     return alive(pids)
+
+
+def frozen_relatives(pids: list[int]) -> tuple[list[int], list[int]]:
+    """On a host whose job was frozen (SIGSTOP), the processes of the job's `pids` family
+    that carry no job marker: (the stopped ancestors of `pids`: Open MPI's daemon, which gets
+    no variable it exports to the processes it starts, and would keep its SIGHUP pending for
+    ever; the stopped descendants that are not in `pids`: a job watchdog, which has work to
+    do once continued, when its owner ends)."""
+    rows = {p: (state, ppid) for p, state, ppid, _ in scan_processes()}
+    stopped = {p for p, (state, _) in rows.items() if state in ("T", "t")}
+    above: list[int] = []
+    for pid in pids:
+        current = rows.get(pid, ("X", 0))[1]
+        while current > 1 and current in stopped and current not in above:
+            above.append(current)
+            current = rows[current][1]
+    family, below, grown = set(pids), [], True
+    while grown:
+        grown = False
+        for pid, (_, ppid) in rows.items():
+            if ppid in family and pid not in family:
+                family.add(pid)
+                grown = True
+                if pid in stopped:
+                    below.append(pid)
+    return [p for p in above if p not in pids], below
+
+
+_STOP_FROZEN = """import os, signal, sys
+from ringflow.launch import leftovers as lo
+pids = lo.job_processes(sys.stdin.readline().strip(), exclude=lo.ancestors())
+above, below = lo.frozen_relatives(pids)
+for pid in below:
+    try:
+        os.kill(pid, signal.SIGCONT)
+    except OSError:
+        pass
+pids += above
+left = lo.stop_processes(pids, float(sys.argv[1])) if pids else []
+print("stopped %d process(es) of the job%s" % (len(pids), " (still alive: %s)" % left
+      if left else "") if pids else "nothing of the job left")
+"""
+
+
+def stop_frozen_job_command(python: str, grace_s: float) -> list[str]:
+    """argv that stops, on a host, every process of this user that carries the job token
+    read from its stdin (never on a command line: `ps` shows those), with the stopped
+    (frozen) processes above them: SIGTERM and SIGCONT, SIGKILL after `grace_s`."""
+    return [python, "-c", _STOP_FROZEN, str(grace_s)]
 
 
 _STOP_TASK = """import sys

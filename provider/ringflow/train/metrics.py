@@ -4,6 +4,12 @@
                     "samples_per_s": 1850.2, "elapsed_s": 0.69}
     [train] summary {"final_loss": 0.0871, "steps": 200, "samples_per_s": 1901.7,
                      "checkpoint": "/ckpt/step-00000200", "resumed_from": null}
+    [train] timing {"step": 40, "steps": 20, "hosts": ["10.77.0.2", "10.77.0.3"],
+                    "host_step_s": [0.0121, 0.0312], "host_wait_s": [0.0205, 0.0014]}
+
+A timing line (jobs on several hosts, every TIMING_EVERY steps and at the last) gives each
+host's mean time per step of the window: its ranks' own work (`host_step_s`: the step less
+the time spent in collectives, waiting for the others) and that wait (`host_wait_s`).
 
 A job with validation data adds ``val_loss`` (and a classifier's ``val_accuracy``) to the
 metric line of each step it validated at (such a step always has a line), and
@@ -25,13 +31,16 @@ from typing import Any, TextIO
 PREFIX = "[train] "
 METRIC = "metric"
 SUMMARY = "summary"
+TIMING = "timing"
+TIMING_EVERY = 20
 METRIC_KEYS = ("step", "loss", "lr", "samples_per_s", "elapsed_s")
 VALIDATION_METRIC_KEYS = ("val_loss", "val_accuracy")
 SUMMARY_KEYS = ("final_loss", "steps", "samples_per_s", "checkpoint", "resumed_from")
 VALIDATION_SUMMARY_KEYS = ("val_loss", "best_val_loss", "best_checkpoint")
 
 # an optional launcher prefix: "[rank 3] " or, gathered over hosts, "[host/rank 3] "
-_LINE_RE = re.compile(r"^(?:\[(?:[^\]/\s]+/)?rank \d+\] )?\[train\] (metric|summary) (\{.*\})\Z")
+_LINE_RE = re.compile(
+    r"^(?:\[(?:[^\]/\s]+/)?rank \d+\] )?\[train\] (metric|summary|timing) (\{.*\})\Z")
 
 
 def format_line(kind: str, payload: dict[str, Any]) -> str:
@@ -41,7 +50,7 @@ def format_line(kind: str, payload: dict[str, Any]) -> str:
 
 
 def parse_train_line(line: str) -> tuple[str, dict[str, Any]] | None:
-    """``("metric" | "summary", payload)`` for a metric or summary line, with or without
+    """``("metric" | "summary" | "timing", payload)`` for a machine line, with or without
     the launcher's ``[rank N] `` prefix and trailing newline; None for any other line
     (including one whose JSON does not parse to an object)."""
     match = _LINE_RE.match(line.rstrip("\r\n"))
@@ -87,6 +96,14 @@ class Reporter:
                                          "samples_per_s": rate,
                                          "elapsed_s": now - self.started,
                                          **(validation or {})}))
+
+    def timing(self, step: int, steps: int, hosts: list[str], host_step_s: list[float],
+               host_wait_s: list[float]) -> None:
+        """A timing line: each host's mean own work and collective wait per step over the
+        last `steps` steps."""
+        self._write(format_line(TIMING, {"step": step, "steps": steps, "hosts": hosts,
+                                         "host_step_s": host_step_s,
+                                         "host_wait_s": host_wait_s}))
 
     def summary(self, final_loss: float | None, steps: int, checkpoint: str | None,
                 resumed_from: int | None,

@@ -16,13 +16,16 @@ import importlib
 import math
 import os
 import sys
+import time
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from ..distributed.collective.communicator import collective_seconds
 from ..distributed.collective.reduce_op import ReduceOp
 from ..distributed.collective.registry import get_ring
+from ..distributed.env import world_endpoints
 from ..errors import ConfigError
 from ..launch.exits import EXIT_CHECKPOINT, EXIT_NONFINITE, EXIT_OK
 from .checkpoint import (
@@ -39,7 +42,7 @@ from .checkpoint import (
 from .checkpoint import read_meta as read_checkpoint_meta
 from .data import Sources, local_rows, open_data
 from .evaluation import Evaluator
-from .metrics import Reporter
+from .metrics import TIMING_EVERY, Reporter
 from .spec import BUILTIN_MODELS, JobSpec
 
 # (global ring, data-parallel ring) of TensorParallelOptimizer and of ShardingOptimizer (mp: 0)
@@ -362,9 +365,17 @@ class Trainer:
 
     def _train_from(self, done: int, loss: float | None) -> float | None:
         spec = self.spec
+        timed = self.job.layout.nnodes > 1  # per-host step times: a straggler is a host
+        window = [0, 0.0, 0.0]  # steps, own work, waits in collectives (seconds)
         for step in range(done + 1, spec.steps + 1):
             lr = self.job.optimizer.get_lr()
+            began, waited = time.perf_counter(), collective_seconds()
             loss = self._step(step)
+            if timed:
+                wait = collective_seconds() - waited
+                window[0] += 1
+                window[1] += time.perf_counter() - began - wait
+                window[2] += wait
             last = step == spec.steps
             checkpoint = self.checkpoints is not None and (
                 step % spec.checkpoint_every == 0 or last)
@@ -376,9 +387,39 @@ class Trainer:
                     raise NonFiniteLoss(step, f"validation loss is {val['val_loss']}")
             logged = step == done + 1 or step % spec.log_every == 0 or last or val is not None
             self.report.step_done(step, loss, lr, logged, val)
+            if timed and (step % TIMING_EVERY == 0 or last):
+                self._share_timing(step, window)
+                window = [0, 0.0, 0.0]
             if checkpoint:
                 self._checkpoint(step, loss, val)
         return loss
+
+    def _share_timing(self, step: int, window: list) -> None:
+        """Every rank's own work and collective wait of the window, summed over the global
+        ring; rank 0 prints each host's means per step (a timing line): a host whose ranks'
+        own work takes longer than the others' is a straggler, and the others wait for it."""
+        layout = self.job.layout
+        steps = window[0]
+        if not steps:
+            return
+        world = layout.world_size
+        mine = np.zeros(2 * world, dtype=np.float64)
+        mine[layout.rank], mine[world + layout.rank] = window[1] / steps, window[2] / steps
+        get_ring(self.job.rings[0]).all_reduce(mine)
+        per = layout.local_size
+        hosts = range(layout.nnodes)
+        if layout.rank != 0:
+            return
+        try:
+            endpoints = world_endpoints(os.environ)
+            names = [endpoints[h * per].host for h in hosts]
+        except (ConfigError, IndexError):
+            names = [f"host {h}" for h in hosts]
+        self.report.timing(
+            step, steps, names,
+            [round(float(mine[h * per:(h + 1) * per].mean()), 6) for h in hosts],
+            [round(float(mine[world + h * per:world + (h + 1) * per].mean()), 6)
+             for h in hosts])
 
     def _step(self, step: int) -> float:
         """One step: a run of the main program per micro-step (the last applies the

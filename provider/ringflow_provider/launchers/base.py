@@ -39,6 +39,7 @@ TASK_VAR = "RINGFLOW_TASK"       # every process of a task's jobs carries the ta
 STOP_BUDGET_S = 1.8              # Airflow SIGKILLs about 5 s after the SIGTERM of on_kill
 COMMAND_TIMEOUT_S = 30.0
 STOP_EARLIER_WAIT_S = 20.0
+CLOCK_NOTE_S = 1.0  # a host clock this far from the launcher's is said in the task log
 MAX_PEEK_BYTES = 1 << 20
 # after another part failed, how long the watch of a part whose host could not be reached to
 # stop it waits for that part's own stream to end before it gives the host up as lost (at
@@ -253,7 +254,33 @@ class Launcher:
                           info.get("supervisor_pid"), info.get("pgid"), self.job_dir(task))
         handle.extra["started"] = {host: {k: info.get(k) for k in (
             "pid", "pgid", "supervisor_pid")} for host, info in said.items()}
+        handle.extra["clock_offsets"] = self.clock_offsets()
         return handle
+
+    def clock_offsets(self) -> dict[str, float]:
+        """Each host's clock against this one (seconds to add to a time its ringflow
+        processes report), from when each host's reading of its clock arrived here: the
+        failures of different hosts are ordered on this process's clock, so a host whose
+        clock is skewed does not come first by its own account. Error: the reading's way
+        back (milliseconds). A host that does not answer gets none (its own clock counts)."""
+        def sample(host: str) -> float | None:
+            try:
+                code, out, _ = self.run(host, commands.clock_command(self.runtime(host)),
+                                        timeout=self.conn_timeout)
+                arrived = time.time()
+                return round(arrived - float(out.strip().splitlines()[-1]), 3) \
+                    if code == 0 else None
+            except (LaunchError, ValueError, IndexError):
+                return None
+
+        offsets = self.on_every_host(sample, "reading the hosts' clocks")
+        found = {host: offset for host, offset in offsets.items() if offset is not None}
+        skewed = {host: o for host, o in found.items() if abs(o) >= CLOCK_NOTE_S}
+        if skewed:
+            self.log.info("host clocks against this one: %s (failures are ordered on this "
+                          "host's clock)", ", ".join(f"{h} {o:+.1f} s" for h, o in
+                                                     skewed.items()))
+        return found
 
     # -- watching --------------------------------------------------------------------------
     def attach(self, handle: JobHandle, on_line: LineHandler, *,

@@ -226,6 +226,15 @@ _SWEEP = (
 )
 
 
+_CLOCK = "from ringflow.launch.exits import host_time\nprint(repr(host_time()))\n"
+
+
+def clock_command(runtime: Runtime) -> str:
+    """Print the host's clock as its ringflow processes read it (`ringflow.launch.exits.
+    host_time`), to put the times they report on the launcher's own clock."""
+    return _script(shlex.join([*runtime.env_prefix(), runtime.python, "-c", _CLOCK]))
+
+
 def sweep_command(runtime: Runtime, job_id: str) -> str:
     """Remove what a ringflow job left in /dev/shm on a host (segments whose creator is
     gone)."""

@@ -21,7 +21,7 @@ from ringflow.launch.lines import PARTIAL_MARK, Line
 from ringflow.launch.result import parse_result_line
 from ringflow.train.metrics import parse_train_line
 
-METRIC, SUMMARY, RESULT = "metric", "summary", "result"
+METRIC, SUMMARY, RESULT, TIMING = "metric", "summary", "result", "timing"
 STDERR_MARK = jobdir.STDERR_MARK.decode()
 _RANK_PREFIX = re.compile(rf"^\[rank (\d+)\]({re.escape(PARTIAL_MARK)}?) ")
 _MPI_TAG = re.compile(rf"^\[1,(\d+)\]<(stdout|stderr)>({re.escape(PARTIAL_MARK)}?):(.*)\Z",
@@ -35,7 +35,7 @@ class JobLine:
     host: str | None      # None: a job of this host only (lines shown as they are)
     text: str             # as the agent printed it
     stream: str           # "stdout" | "stderr"
-    kind: str | None = None                 # METRIC, SUMMARY, RESULT or None
+    kind: str | None = None                 # METRIC, SUMMARY, RESULT, TIMING or None
     payload: dict[str, Any] | None = None
     partial: bool = False  # mpirun's tag said it is no whole line
 

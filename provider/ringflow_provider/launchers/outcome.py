@@ -37,10 +37,14 @@ class AgentOutcome:
             self.results[line.host] = line.payload
             self.rank_tails.setdefault(line.host, [])
 
-    def first_failure(self, hosts: list[str | None]) -> tuple[str | None, dict] | None:
+    def first_failure(self, hosts: list[str | None],
+                      clock_offsets: dict[str, float] | None = None
+                      ) -> tuple[str | None, dict] | None:
         """(host, the failed rank's entry) of the rank that failed first across the hosts:
         one that failed on its own before one that saw a peer fail first, then by the time
-        it began to exit, then by host order."""
+        it began to exit, then by host order. A time a host reported is put on the
+        launcher's clock with that host's `clock_offsets` (`Launcher.clock_offsets`): a
+        host whose clock is seconds behind does not come first by its own account."""
         failed = []
         for index, host in enumerate(hosts):
             result = self.results.get(host) or {}
@@ -48,8 +52,11 @@ class AgentOutcome:
             if rank is None or result.get("status") != "failed":
                 continue
             entry = next((r for r in result.get("ranks", []) if r.get("rank") == rank), {})
-            failed.append((failure_order(bool(entry.get("after_peer_failure")),
-                                         entry.get("ended_at"), index), host, entry))
+            began = entry.get("ended_at")
+            if isinstance(began, (int, float)) and host is not None:
+                began += (clock_offsets or {}).get(host, 0.0)
+            failed.append((failure_order(bool(entry.get("after_peer_failure")), began,
+                                         index), host, entry))
         if not failed:
             return None
         _, host, entry = min(failed, key=lambda f: f[0])

@@ -52,7 +52,7 @@ def failure(handle: JobHandle, report: JobReport,
     """The rank that failed first across the hosts, with its cause and its log's tail; else
     the part that ended badly (an agent, a lost supervisor, a host)."""
     hosts: list[str | None] = list(handle.hosts) if handle.show_hosts else [None]
-    first = report.first_failure(hosts)
+    first = report.first_failure(hosts, handle.extra.get("clock_offsets"))
     if first is not None:
         host, entry = first
         if handle.show_hosts:
@@ -101,6 +101,9 @@ def summarize(handle: JobHandle, report: JobReport, task_id: str
         summary.update(val_loss=job["val_loss"], best_val_loss=job.get("best_val_loss"),
                        best_checkpoint=job.get("best_checkpoint"),
                        val_loss_history=[[s, v] for s, v in thin_history(report.val_history)])
+    if report.host_times:
+        # each host's own work per step (less its waits in the all-reduce) and those waits
+        summary.update(host_step_s=report.host_step_s(), host_wait_s=report.host_step_s(2))
     if handle.show_hosts:
         first = handle.hosts[0]
         home = handle.extra.get("homes", {}).get(first)

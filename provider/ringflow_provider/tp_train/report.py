@@ -1,6 +1,6 @@
 """TPTrainOperator's reporting, without Airflow: the progress line a person reads, the loss
-history from the job's lines (thinned for XCom, whole in a JSON lines file), a rank's last
-words, a text chart and the loss plot."""
+history from the job's lines (thinned for XCom, whole in a JSON lines file), each host's step
+times and the stragglers among them, a rank's last words, a text chart and the loss plot."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ringflow_provider.launchers.lines import METRIC, RESULT, SUMMARY, JobLine
+from ringflow_provider.launchers.lines import METRIC, RESULT, SUMMARY, TIMING, JobLine
 from ringflow_provider.launchers.outcome import AgentOutcome
 
 
@@ -47,6 +47,8 @@ class JobReport(AgentOutcome):
         self.history: list[tuple[int, float]] = []
         self.val_history: list[tuple[int, float]] = []
         self.summary: dict[str, Any] | None = None
+        # host -> [steps timed, their own work, their waits in collectives] (seconds)
+        self.host_times: dict[str, list[float]] = {}
 
     def feed(self, line: JobLine) -> None:
         super().feed(line)
@@ -57,10 +59,61 @@ class JobReport(AgentOutcome):
                                          float(line.payload["val_loss"])))
         elif line.kind == SUMMARY:
             self.summary = line.payload
+        elif line.kind == TIMING:
+            for host, own, wait in timing_rows(line.payload):
+                times = self.host_times.setdefault(host, [0, 0.0, 0.0])
+                steps = line.payload["steps"]
+                times[0] += steps
+                times[1] += own * steps
+                times[2] += wait * steps
+
+    def host_step_s(self, which: int = 1) -> dict[str, float]:
+        """Each host's mean time per step of its ranks' own work (`which` 2: of their waits
+        in the all-reduce), over every step timed."""
+        return {host: round(t[which] / t[0], 4) for host, t in self.host_times.items() if t[0]}
 
     @property
     def last_step(self) -> int | None:
         return self.history[-1][0] if self.history else None
+
+
+# stragglers ---------------------------------------------------------------------------------
+#: a host whose ranks' own work per step takes this many times the other hosts' is a straggler
+STRAGGLER_RATIO = 1.5
+STRAGGLER_MIN_S = 0.002  # ... and at least this much longer (a tiny step's noise is none)
+
+
+def timing_rows(payload: Mapping[str, Any]) -> list[tuple[str, float, float]]:
+    """(host, own work per step, wait per step) of a timing line; [] for a malformed one."""
+    hosts, own, wait = (payload.get(k) for k in ("hosts", "host_step_s", "host_wait_s"))
+    steps = payload.get("steps")
+    if not (isinstance(hosts, list) and isinstance(own, list) and isinstance(wait, list)
+            and len(hosts) == len(own) == len(wait) and isinstance(steps, int) and steps > 0):
+        return []
+    rows = list(zip(hosts, own, wait))
+    if not all(isinstance(h, str) and finite(o) and finite(w) for h, o, w in rows):
+        return []
+    return [(h, float(o), float(w)) for h, o, w in rows]
+
+
+def stragglers(payload: Mapping[str, Any]) -> list[tuple[str, float, float, float]]:
+    """(host, how many times slower, its own work per step, the others' median, their
+    wait per step) of each straggler of a timing line: its ranks' own work per step (the
+    step less the time they spent in the all-reduce) STRAGGLER_RATIO times the other
+    hosts' median or more."""
+    rows = timing_rows(payload)
+    found = []
+    for host, own, _ in rows:
+        others = sorted(o for h, o, _ in rows if h != host)
+        if not others:
+            continue
+        median = others[len(others) // 2] if len(others) % 2 else \
+            (others[len(others) // 2 - 1] + others[len(others) // 2]) / 2
+        if own >= STRAGGLER_RATIO * median and own - median >= STRAGGLER_MIN_S:
+            waits = [w for h, _, w in rows if h != host]
+            found.append((host, own / max(median, 1e-9), own, median,
+                          sum(waits) / len(waits)))
+    return found
 
 
 class Presenter:
@@ -71,6 +124,7 @@ class Presenter:
     def __init__(self, steps: int, first_step: int | None = None) -> None:
         self.steps = steps
         self.first_step = first_step
+        self._warned: dict[str, float] = {}  # straggler -> how much slower when last said
 
     def __call__(self, line: JobLine) -> tuple[str, str]:
         """(level "info" | "warning", text)."""
@@ -79,11 +133,36 @@ class Presenter:
             return "info", progress_line(line.payload, self.steps, self.first_step)
         if line.kind == SUMMARY:
             return "info", f"summary: {json.dumps(line.payload)}"
+        if line.kind == TIMING:
+            return self._timing(line.payload)
         if line.kind == RESULT:
             where = f" on {line.host}" if line.host else ""
             return "info", (f"launcher{where}: {line.payload.get('cause')} (exit code "
                             f"{line.payload.get('exit_code')})")
         return ("info" if line.stream == "stdout" else "warning"), line.shown
+
+    def _timing(self, payload: Mapping[str, Any]) -> tuple[str, str]:
+        """A straggler as a warning (when first seen, or a quarter slower than last said),
+        else each host's step times as one line."""
+        last, steps = payload.get("step"), payload.get("steps")
+        window = f"steps {last - steps + 1}-{last}" if isinstance(last, int) and \
+            isinstance(steps, int) else "recent steps"
+        slow = stragglers(payload)
+        for host in [h for h in self._warned if h not in {s[0] for s in slow}]:
+            del self._warned[host]  # it caught up: say it again if it falls behind
+        news = [s for s in slow if s[1] >= 1.25 * self._warned.get(s[0], 0.0)]
+        if news:
+            for host, ratio, *_ in news:
+                self._warned[host] = ratio
+            return "warning", "; ".join(
+                f"straggler: host {host} is {ratio:.1f} x slower than the other hosts, "
+                f"{window}: its ranks' own work takes {own:.4f} s per step, theirs "
+                f"{median:.4f} s, and they wait {wait:.4f} s per step for it in the all-reduce"
+                for host, ratio, own, median, wait in news)
+        rows = timing_rows(payload)
+        return "info", (f"host step times, {window} (own work / waiting in the all-reduce, "
+                        "per step): " + ", ".join(f"{h} {o:.4f} / {w:.4f} s"
+                                                  for h, o, w in rows))
 
 
 # the loss history ------------------------------------------------------------------------------

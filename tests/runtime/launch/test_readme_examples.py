@@ -1,5 +1,6 @@
-"""The README's tensor-parallel example runs as printed: the script is taken from README.md
-(the block after ``<!-- example: tp_example.py -->``) and launched with 2 and 4 ranks."""
+"""The docs' tensor-parallel example runs as printed: the script is taken from the fleet guide
+(docs/guides/fleet.md, the block after ``<!-- example: tp_example.py -->``) and launched with
+2 and 4 ranks."""
 
 from __future__ import annotations
 
@@ -8,19 +9,19 @@ from pathlib import Path
 
 import pytest
 
-README = Path(__file__).resolve().parents[3] / "README.md"
+GUIDE = Path(__file__).resolve().parents[3] / "docs" / "guides" / "fleet.md"
 
 
 def readme_example(name: str) -> str:
-    text = README.read_text()
+    text = GUIDE.read_text()
     match = re.search(rf"<!-- example: {re.escape(name)} -->\n```python\n(.*?)```", text, re.S)
-    assert match, f"README.md has no example {name}"
+    assert match, f"{GUIDE.name} has no example {name}"
     return match.group(1)
 
 
 @pytest.mark.multiproc
 @pytest.mark.parametrize("nproc", [2, 4])
-def test_the_readme_tensor_parallel_example_trains_with_equal_losses_on_every_rank(
+def test_the_fleet_guides_tensor_parallel_example_trains_with_equal_losses_on_every_rank(
         launcher, nproc):
     launcher.script("tp_example.py", readme_example("tp_example.py"))
     done = launcher.run("--nproc-per-host", str(nproc), "tp_example.py", timeout=60)

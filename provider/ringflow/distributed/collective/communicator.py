@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import time
 from collections.abc import Sequence
 
 import numpy as np
@@ -73,6 +74,7 @@ class Communicator(Wiring):
             raise CommError(f"rank {self.rank}: ring {self.ring_id} is unusable after an "
                             f"earlier failure: {self._broken}")
         self.ctx.op = op
+        began = time.perf_counter()
         try:
             return fn(*args)
         except CommError as exc:
@@ -85,6 +87,9 @@ class Communicator(Wiring):
                 self._broken = f"{op} raised on rank {self.rank}"
                 self.close(goodbye=False)
             raise
+        finally:
+            if op != "init":
+                _in_collectives[0] += time.perf_counter() - began
 
     def _deadline(self) -> Deadline:
         return Deadline(self.settings.comm_timeout)
@@ -286,6 +291,15 @@ class Communicator(Wiring):
     def algorithm_name(self) -> str:
         """"shm", "ring" or "two-level" ("" for a ring of one)."""
         return getattr(self.algorithm, "name", "")
+
+
+_in_collectives = [0.0]
+
+
+def collective_seconds() -> float:
+    """Seconds this process has spent in collectives (every ring), mostly waiting for its
+    peers: a rank's step time less this is its own work."""
+    return _in_collectives[0]
 
 
 def _world_endpoints() -> tuple[Endpoint, ...] | None:

@@ -12,7 +12,6 @@ import dataclasses
 import os
 import sys
 import threading
-import time
 from collections.abc import Sequence
 
 from ringflow.distributed.collective import rendezvous
@@ -20,6 +19,7 @@ from ringflow.distributed.collective.communicator import Communicator
 from ringflow.distributed.collective.transport.base import blamed_rank, peer_failure_seen
 from ringflow.distributed.env import Endpoint, comm_settings
 from ringflow.errors import CommError, ConfigError
+from ringflow.launch.exits import host_time
 
 PROGRAM_RING_IDS = range(0, 100)
 WORLD_RING_ID = 100
@@ -109,7 +109,7 @@ def _at_exit() -> None:
                  if peer_failure_seen() else "")
         with contextlib.suppress(OSError, ValueError):  # one write: mpirun tags it whole
             sys.stderr.flush()
-            os.write(sys.stderr.fileno(), f"ringflow-exit-time {time.time():.6f}{after}\n"
+            os.write(sys.stderr.fileno(), f"ringflow-exit-time {host_time():.6f}{after}\n"
                      .encode())
     # An uncaught exception (the interpreter recorded it in sys.last_value) is a death, not
     # an orderly exit: close without goodbye so the peers fail fast.
