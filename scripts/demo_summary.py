@@ -1,6 +1,7 @@
 """The end of `make demo`: the newest run of a DAG in the demo's Airflow home, read through
 Airflow's public REST API (/api/v2): its state, the training task's summary (its XCom) and
-the event it emitted on its Asset.
+the event it emitted on its Asset; then, if named, the newest run of the evaluate DAG: the
+model's validation loss and the text it wrote.
 
 `make demo` runs the DAG with `airflow dags test`, which leaves no server behind, so this
 starts `airflow api-server` on a free loopback port for the reads (about 15 s) and stops it
@@ -8,6 +9,7 @@ again. The server lets every caller in as admin (`simple_auth_manager_all_admins
 listens on 127.0.0.1 only and lives only as long as this script.
 
     AIRFLOW_HOME=.airflow python scripts/demo_summary.py [dag_id] [task_id]
+        [evaluate_dag_id evaluate_task_id]
 """
 
 from __future__ import annotations
@@ -132,15 +134,54 @@ def show(dag_id: str, task_id: str, found: dict[str, Any]) -> int:
     return 0 if state == "success" else 1
 
 
+def read_task(client: httpx.Client, dag_id: str, task_id: str) -> dict[str, Any] | None:
+    """The newest run of `dag_id`: its id and state, the task's state and XCom."""
+    runs = _get(client, f"/dags/{dag_id}/dagRuns", order_by="-id", limit=1)
+    if not runs or not runs["dag_runs"]:
+        return None
+    run = runs["dag_runs"][0]
+    path = (f"/dags/{dag_id}/dagRuns/{quote(run['dag_run_id'], safe='')}/taskInstances/"
+            f"{task_id}")
+    ti = _get(client, path)
+    xcom = _get(client, f"{path}/xcomEntries/return_value")
+    return {"run_id": run["dag_run_id"], "state": run["state"],
+            "task_state": ti["state"] if ti else None, "value": xcom["value"] if xcom else None}
+
+
+def show_evaluation(dag_id: str, task_id: str, found: dict[str, Any] | None) -> int:
+    if found is None:
+        print(f"\nno run of {dag_id}")
+        return 1
+    print(f"\n{dag_id} run {found['run_id']}: {found['state']} (task {task_id}: "
+          f"{found['task_state']})")
+    result = found["value"]
+    if not result:
+        print(f"(no result: the task {found['task_state'] or 'did not run'}; its log says why"
+              f", e.g. a model that misses the gate or one trained without validation data)")
+        return 0 if found["state"] == "success" else 1
+    metrics = ", ".join(f"{k} {result[k]:.4f}" for k in ("val_loss", "perplexity", "accuracy")
+                        if k in result)
+    print(f"model       {result['checkpoint']} (step {result['step']}): {metrics} on "
+          f"{result['samples']} validation samples")
+    if "generated" in result:
+        print(f"generated (prompt {result['prompt']!r}):")
+        print(result["prompt"] + result["generated"])
+    return 0 if found["state"] == "success" else 1
+
+
 def main(argv: list[str]) -> int:
     dag_id = argv[0] if argv else "ringflow_tp_train"
     task_id = argv[1] if len(argv) > 1 else "train"
     with api_server() as client:
         found = read_run(client, dag_id, task_id)
+        evaluated = read_task(client, argv[2], argv[3]) if len(argv) > 3 else None
     if found is None:
         print(f"no run of {dag_id} in this Airflow home", file=sys.stderr)
         return 1
-    return show(dag_id, task_id, found)
+    code = show(dag_id, task_id, found)
+    if len(argv) > 3:
+        code = show_evaluation(argv[2], argv[3], evaluated) or code
+    return code
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Airflow provider of ringflow: PopRunOperator and TPTrainOperator.
+"""Airflow provider of ringflow: PopRunOperator, TPTrainOperator and TPEvaluateOperator.
 
 Airflow finds it through the ``apache_airflow_provider`` entry point (pyproject.toml);
 importing this package imports nothing from Airflow.
@@ -33,7 +33,8 @@ def get_provider_info() -> dict:
             {
                 "integration-name": INTEGRATION,
                 "python-modules": ["ringflow_provider.operators.poprun",
-                                   "ringflow_provider.operators.tp_train"],
+                                   "ringflow_provider.operators.tp_train",
+                                   "ringflow_provider.operators.tp_evaluate"],
             }
         ],
         "hooks": [

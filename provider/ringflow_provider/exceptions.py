@@ -12,6 +12,7 @@ an `AirflowFailException`, which Airflow fails at once, without retries.
     +-- RingflowJobFailedException              the job ran and failed (exit_code, host)
     |   +-- RingflowJobRefusedException(+AirflowFailException)  and a retry cannot fix it
     +-- RingflowJobKilledException              on_kill stopped it (mark failed, timeout)
+    +-- RingflowMetricGateException(+AirflowFailException)  a model missed its fail_if gate
 """
 
 from __future__ import annotations
@@ -59,6 +60,11 @@ class RingflowJobFailedException(RingflowException):
                  host: str | None = None) -> None:
         super().__init__(message)
         self.exit_code, self.host = exit_code, host
+
+
+class RingflowMetricGateException(RingflowException, AirflowFailException):
+    """A model's metric missed the threshold its TPEvaluateOperator's ``fail_if`` sets; not
+    retried (the same checkpoint gives the same metric)."""
 
 
 class RingflowJobRefusedException(RingflowJobFailedException, AirflowFailException):

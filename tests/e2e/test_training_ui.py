@@ -27,7 +27,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.airflow, pytest.mark.slow, pytest.mar
 
 DAG, TASK = "ringflow_tp_train", "train"
 A_CONF = {"steps": 400, "log_every": 5, "seed": 3}
-B_CONF = {"steps": 40, "log_every": 5, "seed": 3, "learning_rate": 0.003}
+B_CONF = {"steps": 40, "log_every": 5, "seed": 3, "learning_rate": 0.001}
 # C's loss becomes inf at once: the job fails, and a retry would not help (none is made)
 C_CONF = {"steps": 40, "log_every": 1, "seed": 3, "optimizer_type": "sgd",
           "learning_rate": 1e30}
@@ -140,7 +140,7 @@ def test_the_metrics_endpoint_answers_each_trys_points_whose_losses_are_the_xcom
     history = api.xcom(DAG, runs["A"], TASK)["loss_history"]
     assert [[p["step"], p["loss"]] for p in only["points"]] == history   # same floats
     assert [p["step"] for p in only["points"]] == A_STEPS
-    assert all(p["lr"] == 0.001 and p["samples_per_s"] > 0 for p in only["points"][1:])
+    assert all(p["lr"] == 0.003 and p["samples_per_s"] > 0 for p in only["points"][1:])
     summary = answer["summary"]
     assert summary["steps"] == 400 and summary["final_loss"] == history[-1][1]
     assert (summary["world_size"], summary["mp_degree"], summary["dp_degree"]) == (2, 2, 1)
@@ -168,7 +168,7 @@ def test_the_training_runs_tab_overlays_the_runs_and_highlights_the_param_that_d
     assert "learning_rate" in differs and "model" not in differs
     row = frame.locator(f"tr.run[data-run-id='{runs['B']}']")
     assert "differs" in row.locator("td[data-param='learning_rate']").get_attribute("class")
-    assert row.locator("td[data-param='learning_rate']").inner_text() == "0.003"
+    assert row.locator("td[data-param='learning_rate']").inner_text() == "0.001"
     screenshot(page, "training-runs-tab.png")
 
     row.click()   # opens run B's Training tab in the UI
@@ -228,7 +228,7 @@ def test_the_endpoints_answer_401_403_404_and_422_as_airflows_api_does(airflow_s
     listed = admin.get(f"{base}/ringflow/api/runs/{DAG}?limit=2").json()["runs"]
     assert [r["run_id"] for r in listed] == [runs["B"], runs["A"]]
     b = listed[0]
-    assert b["conf"]["learning_rate"] == 0.003 and b["task_id"] == TASK
+    assert b["conf"]["learning_rate"] == 0.001 and b["task_id"] == TASK
     assert b["state"] == "success" and b["duration_s"] > 0
     assert b["final_loss"] == airflow_services.api.xcom(DAG, runs["B"], TASK)["final_loss"]
     assert b["samples_per_s"] > 0

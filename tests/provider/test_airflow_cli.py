@@ -70,8 +70,9 @@ def test_provider_info_is_valid_for_airflow_3_3():
                         .read_text())
     assert set(info) <= set(schema["properties"])  # e.g. no "versions" (gone since #48849)
     assert info["package-name"] == "airflow-provider-ringflow"
-    assert info["operators"][0]["python-modules"] == ["ringflow_provider.operators.poprun",
-                                                     "ringflow_provider.operators.tp_train"]
+    assert info["operators"][0]["python-modules"] == [
+        "ringflow_provider.operators.poprun", "ringflow_provider.operators.tp_train",
+        "ringflow_provider.operators.tp_evaluate"]
 
 
 def test_example_dags_import_with_zero_errors():

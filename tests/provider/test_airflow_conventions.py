@@ -110,11 +110,13 @@ def test_every_failure_class_is_an_airflow_exception_and_only_hopeless_ones_skip
         "RingflowConfigException", "RingflowException", "RingflowFolderException",
         "RingflowHostNotAllowedException",
         "RingflowHostUnreachableException", "RingflowJobFailedException",
-        "RingflowJobKilledException", "RingflowJobRefusedException", "RingflowLaunchException"]
+        "RingflowJobKilledException", "RingflowJobRefusedException", "RingflowLaunchException",
+        "RingflowMetricGateException"]
     assert all(issubclass(cls, AirflowException) for cls in classes.values())
     no_retry = sorted(n for n, cls in classes.items() if issubclass(cls, AirflowFailException))
     assert no_retry == ["RingflowConfigException", "RingflowFolderException",
-                        "RingflowHostNotAllowedException", "RingflowJobRefusedException"]
+                        "RingflowHostNotAllowedException", "RingflowJobRefusedException",
+                        "RingflowMetricGateException"]
     failed = rx.RingflowJobRefusedException("loss nan", 3, "n1")
     assert (str(failed), failed.exit_code, failed.host) == ("loss nan", 3, "n1")
     assert isinstance(failed, rx.RingflowJobFailedException)

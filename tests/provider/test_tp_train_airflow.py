@@ -9,6 +9,7 @@ can check through /proc that none of them is left.
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import re
@@ -20,6 +21,7 @@ import textwrap
 import uuid
 from pathlib import Path
 
+import numpy as np
 import pytest
 from sqlalchemy import select
 
@@ -132,6 +134,67 @@ def test_the_example_dag_has_typed_params_in_sections_and_declares_its_asset():
     assert task.deferrable == "{{ params.deferrable }}"
     downstream = bag.dags["ringflow_tp_train_evaluate"]
     assert list(downstream.timetable.asset_condition.objects) == task.outlets
+    # the transformer learns the checked-in corpus (5 % held out), the MLP its synthetic data
+    corpus = str(REPO / "dags" / "data" / "ringflow_corpus.txt")
+    for model, data, fraction in (("transformer", corpus, "0.05"), ("mlp", "synthetic", "0")):
+        context = {"params": {"model": model}}
+        assert task.render_template(task.data, context, dag.get_template_env()) == data
+        assert task.render_template(task.validation_fraction, context) == fraction
+    assert (task.tokenizer, task.eval_every, task.ship_data) == ("char", 100, True)
+    assert (dag.params["steps"], dag.params["learning_rate"]) == (600, 0.003)
+    evaluate, find = sorted(downstream.tasks, key=lambda t: t.task_id)
+    assert (find.task_id, type(evaluate).__name__) == ("find_model", "TPEvaluateOperator")
+    assert find.inlets == task.outlets and evaluate.upstream_task_ids == {"find_model"}
+    assert (evaluate.fail_if, evaluate.prompt, evaluate.max_new_tokens) == (
+        {"val_loss": {"gt": 2.5}}, "The operator ", 200)
+
+
+def unigram_entropy(text: str) -> float:
+    """Nats per character of a model that knows only how often each character occurs."""
+    counts = np.array(list(collections.Counter(text).values()), dtype=np.float64)
+    p = counts / counts.sum()
+    return float(-(p * np.log(p)).sum())
+
+
+def run_id_of(out: subprocess.CompletedProcess, dag_id: str) -> str:
+    """The run `airflow dags test` made (a scheduler of another test may add runs)."""
+    found = re.findall(rf"DagRun Finished: dag_id={dag_id}, .*?run_id=([^,]+),",
+                       out.stdout + out.stderr)
+    assert found, (out.stdout + out.stderr)[-4000:]
+    return found[-1]
+
+
+@pytest.mark.slow
+def test_the_demo_transformer_learns_the_corpus_and_the_evaluate_dag_gates_and_writes_text(
+        airflow_home, mark):
+    """The example DAG with its defaults (the job `make demo` runs): a char-level transformer
+    on the corpus reaches a validation loss well below the corpus's unigram entropy (<= 0.8
+    x); the evaluate DAG, started by hand, takes the Asset's newest event, evaluates that
+    checkpoint to the job's validation loss, passes its gate and writes the text."""
+    corpus = (REPO / "dags" / "data" / "ringflow_corpus.txt").read_text(encoding="utf-8")
+    entropy = unigram_entropy(corpus)
+    assert 3.3 < entropy < 3.6, entropy                    # 3.446 nats per character
+    out = airflow("dags", "test", DAG_ID, mark=mark, timeout=400)
+    assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
+    state, _, summary, events = task_result(DAG_ID, run_id_of(out, DAG_ID))
+    assert state == "success" and summary["steps"] == 600
+    print(f"unigram entropy {entropy:.4f} nats/char; validation loss at step 600 "
+          f"{summary['val_loss']:.4f} ({summary['val_loss'] / entropy:.2f} x)")
+    assert summary["val_loss"] <= 0.8 * entropy
+    history = summary["val_loss_history"]
+    assert [step for step, _ in history] == list(range(100, 601, 100))
+    assert history[0][1] > history[-1][1] == summary["val_loss"]
+    assert events[0][1]["val_loss"] == summary["val_loss"]
+    evaluate = "ringflow_tp_train_evaluate"
+    out = airflow("dags", "test", evaluate, mark=mark, timeout=300)
+    assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
+    state, _, result, _ = task_result(evaluate, run_id_of(out, evaluate), "evaluate")
+    assert state == "success"
+    assert result["checkpoint"] == summary["checkpoint"] and result["step"] == 600
+    # the job's float32 model evaluated in one process: the same loss to float32's rounding
+    assert result["val_loss"] == pytest.approx(summary["val_loss"], rel=1e-6)
+    assert result["prompt"] == "The operator " and len(result["generated"]) == 200
+    assert result["prompt"] + result["generated"] in out.stdout + out.stderr  # the task log
 
 
 @pytest.mark.slow
@@ -259,6 +322,9 @@ def test_make_demo_keeps_its_runs_and_checkpoints_in_its_airflow_home(tmp_path, 
     assert (ringflow / "jobs").is_dir()                  # the job's state (its supervisor)
     assert any(line.startswith("asset event ringflow://ringflow_tp_train/train {") and
                f"'checkpoint': '{folders['checkpoint']}'" in line for line in shown), shown
+    # the evaluate DAG ran on that event: an MLP trained without validation data is skipped
+    assert any(re.fullmatch(r"ringflow_tp_train_evaluate run manual__\S+: success \(task "
+                            r"evaluate: skipped\)", line) for line in shown), shown
 
 
 def write_dag(folder: Path, dag_id: str, retries: int, **model_args) -> Path:

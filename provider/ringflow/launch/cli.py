@@ -18,10 +18,14 @@ from ringflow.launch.stdin import STDIN_FD, StdinWatch, read_secrets
 
 USAGE = """usage: ringflow launch [options] script.py|-m module [args]
        ringflow train SPEC.json
+       ringflow evaluate CHECKPOINT [--data PATH]
+       ringflow generate CHECKPOINT --prompt TEXT [options]
 
 commands:
   launch    start this host's ranks of a job (see `ringflow launch --help`)
   train     run a training job spec in this one process (see `ringflow train --help`)
+  evaluate  a checkpoint's validation loss, one JSON line (see `ringflow evaluate --help`)
+  generate  text sampled from a transformer checkpoint (see `ringflow generate --help`)
 """
 
 
@@ -65,9 +69,14 @@ def main(argv: list[str] | None = None) -> int:
         from ringflow.train.__main__ import main as train_main
 
         return train_main(args[1:], prog="ringflow train")
+    if args[0] in ("evaluate", "generate"):
+        import importlib
+
+        module = importlib.import_module(f"ringflow.{args[0]}")
+        return module.main(args[1:], prog=f"ringflow {args[0]}")
     if args[0] != "launch":
-        print(f"ringflow: error: unknown command {args[0]!r}; expected 'launch' or 'train'",
-              file=sys.stderr)
+        print(f"ringflow: error: unknown command {args[0]!r}; expected 'launch', 'train', "
+              f"'evaluate' or 'generate'", file=sys.stderr)
         return 2
     return launch_main(args[1:], prog="ringflow launch")
 

@@ -18,13 +18,18 @@ class BuiltModel:
     ``make_batch(seed, step, batch_size)``: the synthetic global batch of a step, a dict of
     arrays named as the feeds, a pure function of its arguments (not of the layout);
     ``config``: the builder's arguments; ``checkpoints``: the names of the model's natural
-    recompute checkpoints (block outputs), in forward order."""
+    recompute checkpoints (block outputs), in forward order; ``outputs``: names of variables
+    evaluation reads, ``sample_loss`` (the loss of each scored position, [N, 1]: a row of
+    a classifier, a token of a language model), ``logits`` (a tensor-parallel language
+    model's are this rank's vocabulary slice) and, for a classifier, ``labels``: the feed
+    of the classes, so evaluation reports the accuracy of argmax(logits) [N, classes]."""
 
     loss: Variable
     feeds: list[str]
     make_batch: Callable[[int, int, int], dict[str, np.ndarray]]
     config: dict[str, Any] = field(default_factory=dict)
     checkpoints: list[str] = field(default_factory=list)
+    outputs: dict[str, str] = field(default_factory=dict)
 
 
 def check_positive(model: str, **values: Any) -> None:

@@ -46,7 +46,8 @@ def mlp(input_size: int = 64, hidden_size: int = 256, num_classes: int = 10,
             h = nn.relu(h)
             checkpoints.append(h.name)
         width = out
-    loss = nn.mean(nn.softmax_with_cross_entropy(h, y))
+    rows = nn.softmax_with_cross_entropy(h, y)
+    loss = nn.mean(rows)
     config = dict(input_size=input_size, hidden_size=hidden_size, num_classes=num_classes,
                   num_layers=num_layers, mp_degree=mp_degree, dtype=dtype, dropout=dropout)
 
@@ -56,4 +57,5 @@ def mlp(input_size: int = 64, hidden_size: int = 256, num_classes: int = 10,
         xs = batch_rng(seed, step).standard_normal((batch_size, input_size))
         return {"x": xs.astype(dtype), "y": np.argmax(xs @ teacher, axis=1).astype(np.int64)}
 
-    return BuiltModel(loss, ["x", "y"], make_batch, config, checkpoints)
+    return BuiltModel(loss, ["x", "y"], make_batch, config, checkpoints,
+                      {"sample_loss": rows.name, "logits": h.name, "labels": "y"})

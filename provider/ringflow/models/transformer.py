@@ -67,7 +67,7 @@ def transformer(vocab_size: int = 512, seq_len: int = 32, hidden_size: int = 64,
                                   num_partitions=mp_degree)
     loss = nn.mean(rows)
     return BuiltModel(loss, ["tokens", "labels"], _recurrence_batches(vocab_size, seq_len), cfg,
-                      checkpoints)
+                      checkpoints, {"sample_loss": rows.name, "logits": logits.name})
 
 
 def _norm(x: Variable, name: str) -> Variable:

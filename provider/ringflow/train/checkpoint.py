@@ -13,9 +13,11 @@ shard (a barrier), the local rank 0 of host h (h = rank // ranks per host) write
 host's manifest (step, world_size, mp_degree, nnodes, files: shard name -> bytes) last.
 A step is complete when the manifests of all ``nnodes`` hosts of the job that wrote it
 exist and agree and every shard they list has the listed size. The last ``KEEP`` complete
-checkpoints are kept; each host removes its own files (manifest first) from older steps.
-A save that fails (no permission, a full disk) raises CheckpointWriteError naming the path
-and the cause; the temporary file is removed and the previous checkpoint is left as it was.
+checkpoints are kept, and the best by validation loss (``best.json`` beside the step
+folders: its step, validation loss and folder); each host removes its own files (manifest
+first) from older steps. A save that fails (no permission, a full disk) raises
+CheckpointWriteError naming the path and the cause; the temporary file is removed and the
+previous checkpoint is left as it was.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from ..errors import ConfigError, RingflowError
 
 KEEP = 2
 META_KEY = "@train@meta"
+BEST = "best.json"
 _STEP_RE = re.compile(r"^step-(\d{8})\Z")
 _MANIFEST_INTS = ("step", "world_size", "mp_degree", "nnodes")
 
@@ -235,6 +238,26 @@ def latest_checkpoint(root: str) -> Checkpoint | None:
     return None
 
 
+def write_best(root: str, best: dict[str, Any]) -> str:
+    """Marks the best checkpoint: ``{"step", "val_loss", "path"}`` in ``root/best.json``."""
+    text = json.dumps(best) + "\n"
+    return io.write_atomic(os.path.join(root, BEST), lambda f: f.write(text.encode()))
+
+
+def read_best(root: str | None) -> dict[str, Any] | None:
+    """The best checkpoint ``write_best`` marked under ``root``, if its folder is still
+    there; else None."""
+    if not root:
+        return None
+    try:
+        with open(os.path.join(os.path.abspath(root), BEST), encoding="utf-8") as f:
+            best = json.load(f)
+        step = int(best["step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return best if os.path.isdir(step_path(os.path.abspath(root), step)) else None
+
+
 # removing ---------------------------------------------------------------------------------
 def remove_host_files(root: str, step: int, layout: Layout) -> None:
     """This host's part of ``step``: its manifest first (the part stops counting as
@@ -254,15 +277,16 @@ def remove_host_files(root: str, step: int, layout: Layout) -> None:
         os.rmdir(path)
 
 
-def prune(root: str, layout: Layout, keep: int = KEEP) -> list[int]:
+def prune(root: str, layout: Layout, keep: int = KEEP,
+          protect: frozenset[int] | set[int] = frozenset()) -> list[int]:
     """Removes this host's files of every step older than the ``keep`` newest checkpoints
     complete on this host (called right after every host completed the newest, so these
-    are complete everywhere); returns those steps."""
+    are complete everywhere), but those of ``protect`` (the best); returns those steps."""
     complete = host_complete_steps(root, layout.host)
     if len(complete) < keep:
         return []
     oldest_kept = complete[-keep].step
-    old = [s for s in list_steps(root) if s < oldest_kept]
+    old = [s for s in list_steps(root) if s < oldest_kept and s not in protect]
     for step in old:
         remove_host_files(root, step, layout)
     return old
@@ -291,12 +315,13 @@ class Checkpointer:
         names = {v.name for v in self.program.list_vars() if v.persistable and not v.is_data}
         return {name: np.asarray(self.scope[name]) for name in sorted(names)}
 
-    def save(self, step: int, meta: dict[str, Any]) -> str:
+    def save(self, step: int, meta: dict[str, Any],
+             protect: frozenset[int] | set[int] = frozenset()) -> str:
         """Every rank writes its shard; then each host's local rank 0 its manifest; then,
-        with the new checkpoint complete everywhere, older ones go (if they cannot, a
-        warning line). Returns its folder; CheckpointWriteError if a file cannot be written
-        (the ranks that could wait at the barrier until the failing one's exit fails it for
-        them)."""
+        with the new checkpoint complete everywhere, older ones go (but steps ``protect``;
+        if they cannot, a warning line). Returns its folder; CheckpointWriteError if a file
+        cannot be written (the ranks that could wait at the barrier until the failing one's
+        exit fails it for them)."""
         write_shard(self.root, step, self.layout.rank, self.persistables(),
                     {**meta, "step": step, "rank": self.layout.rank})
         self.barrier()
@@ -305,7 +330,7 @@ class Checkpointer:
         self.barrier()
         if self.layout.local_rank == 0:
             try:
-                prune(self.root, self.layout)
+                prune(self.root, self.layout, protect=protect)
             except OSError as exc:  # the new checkpoint is complete: training goes on
                 print(f"[train] warning: older checkpoints could not be removed from "
                       f"{exc.filename or self.root}: {exc.strerror or exc}", file=sys.stderr,

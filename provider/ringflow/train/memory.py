@@ -7,7 +7,9 @@ runs, so the activations are all the non-persistable variables of the rank's pro
 forward pass's outputs and their gradients), their shapes inferred at the per-rank batch.
 At its first run the fused optimizer step (``compiler.fuse_optimizer``) lays parameters,
 gradients and optimizer state end to end in flat buffers, copying them while the separate
-arrays still exist: the peak holds them twice (``flat_copies``).
+arrays still exist: the peak holds them twice (``flat_copies``). The data a rank reads into
+its own memory counts too (``data_bytes``): text as its int64 tokens, a CSV as its feeds;
+memory-mapped data (``.npy`` streams, stored ``.npz`` members) lives in the page cache.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import contextlib
 import copy
 import io
 import math
+import os
+import zipfile
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -41,6 +45,7 @@ class MemoryEstimate:
     gradients: int
     optimizer_state: int
     activations: int
+    data: int = 0
     runtime: int = RUNTIME_BYTES
 
     @property
@@ -49,12 +54,13 @@ class MemoryEstimate:
 
     @property
     def total(self) -> int:
-        return 2 * self.flat_copies + self.activations + self.runtime
+        return 2 * self.flat_copies + self.activations + self.data + self.runtime
 
     def describe(self) -> str:
         parts = ", ".join(f"{name} {_mib(value)}" for name, value in (
             ("parameters", self.parameters), ("gradients", self.gradients),
             ("optimizer state", self.optimizer_state), ("activations", self.activations),
+            *((("data", self.data),) if self.data else ()),
             ("first-step flat copies", self.flat_copies), ("interpreter", self.runtime)))
         return f"{_mib(self.total)} MiB per rank ({parts} MiB)"
 
@@ -80,7 +86,48 @@ def estimate(spec: JobSpec, world_size: int, rank: int = 0) -> MemoryEstimate:
         parameters=sum(sizes[n] for n in params),
         gradients=sum(sizes[n] for n in grads if n in sizes),
         optimizer_state=sum(sizes[n] for n in persistable - params),
-        activations=sum(s for n, s in sizes.items() if n not in persistable | grads))
+        activations=sum(s for n, s in sizes.items() if n not in persistable | grads),
+        data=data_bytes(spec))
+
+
+def data_bytes(spec: JobSpec) -> int:
+    """Bytes of ``data`` and ``eval_data`` a rank holds in its own memory, from the files as
+    this process sees them: text as int64 tokens (8 bytes a character, at most one
+    character a byte of UTF-8), a CSV as its features in the model's dtype and int64
+    labels, the compressed members of an ``.npz`` (read whole). Synthetic batches (counted
+    as activations), ``.npy`` token streams and stored ``.npz`` members (memory-mapped: the
+    page cache holds them) and a path this process cannot read (the ranks read it on their
+    hosts) count 0."""
+    paths = [p for p in (spec.data, spec.eval_data) if p and p != "synthetic"]
+    return sum(_file_bytes(p, np.dtype(spec.dtype).itemsize) for p in paths)
+
+
+def _file_bytes(path: str, itemsize: int) -> int:
+    try:
+        if path.endswith(".npy"):
+            return 0
+        if path.endswith(".npz"):
+            with zipfile.ZipFile(path) as archive:
+                return sum(i.file_size for i in archive.infolist()
+                           if i.compress_type != zipfile.ZIP_STORED)
+        if path.endswith(".csv"):
+            return _csv_bytes(path, itemsize)
+        from .text import text_files
+
+        return 8 * sum(os.path.getsize(f) for f in text_files(path))
+    except (OSError, UnicodeDecodeError, ConfigError, zipfile.BadZipFile):
+        return 0
+
+
+def _csv_bytes(path: str, itemsize: int) -> int:
+    """Rows (non-blank lines, a header line not counted) x (features x itemsize + 8)."""
+    from .data import _numbers
+
+    with open(path, encoding="utf-8") as f:
+        first = f.readline()
+        rows = int(_numbers(first)) + sum(1 for line in f if line.strip())
+    columns = first.count(",") + 1
+    return rows * ((columns - 1) * itemsize + 8)
 
 
 def rank_program(spec: JobSpec, world_size: int, rank: int = 0):

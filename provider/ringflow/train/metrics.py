@@ -11,6 +11,10 @@ A timing line (jobs on several hosts, every TIMING_EVERY steps and at the last) 
 host's mean time per step of the window: its ranks' own work (`host_step_s`: the step less
 the time spent in collectives, waiting for the others) and that wait (`host_wait_s`).
 
+A job with validation data adds ``val_loss`` (and a classifier's ``val_accuracy``) to the
+metric line of each step it validated at (such a step always has a line), and
+``val_loss``, ``best_val_loss`` and ``best_checkpoint`` to its summary.
+
 Each is one whole line (shown wrapped here). Only rank 0 prints them; the launcher
 prefixes worker lines with ``[rank N] ``, and ``parse_train_line`` accepts both. Floats
 are written by ``json`` at full precision (a float's repr round-trips), so a loss read
@@ -30,7 +34,9 @@ SUMMARY = "summary"
 TIMING = "timing"
 TIMING_EVERY = 20
 METRIC_KEYS = ("step", "loss", "lr", "samples_per_s", "elapsed_s")
+VALIDATION_METRIC_KEYS = ("val_loss", "val_accuracy")
 SUMMARY_KEYS = ("final_loss", "steps", "samples_per_s", "checkpoint", "resumed_from")
+VALIDATION_SUMMARY_KEYS = ("val_loss", "best_val_loss", "best_checkpoint")
 
 # an optional launcher prefix: "[rank 3] " or, gathered over hosts, "[host/rank 3] "
 _LINE_RE = re.compile(
@@ -74,9 +80,11 @@ class Reporter:
         """A line for people, ``[train] <text>``."""
         self._write(PREFIX + text)
 
-    def step_done(self, step: int, loss: float, lr: float, log: bool) -> None:
-        """Counts a trained step; prints its metric line when ``log``. ``samples_per_s`` is
-        the global samples per second since the previous metric line."""
+    def step_done(self, step: int, loss: float, lr: float, log: bool,
+                  validation: dict[str, float] | None = None) -> None:
+        """Counts a trained step; prints its metric line when ``log``, with ``validation``'s
+        values if given. ``samples_per_s`` is the global samples per second since the
+        previous metric line."""
         self.steps_run += 1
         if not log:
             return
@@ -86,7 +94,8 @@ class Reporter:
         self._last_time, self._last_step_count = now, self.steps_run
         self._write(format_line(METRIC, {"step": step, "loss": loss, "lr": lr,
                                          "samples_per_s": rate,
-                                         "elapsed_s": now - self.started}))
+                                         "elapsed_s": now - self.started,
+                                         **(validation or {})}))
 
     def timing(self, step: int, steps: int, hosts: list[str], host_step_s: list[float],
                host_wait_s: list[float]) -> None:
@@ -97,13 +106,16 @@ class Reporter:
                                          "host_wait_s": host_wait_s}))
 
     def summary(self, final_loss: float | None, steps: int, checkpoint: str | None,
-                resumed_from: int | None) -> dict[str, Any]:
+                resumed_from: int | None,
+                validation: dict[str, Any] | None = None) -> dict[str, Any]:
         """Prints and returns the summary; ``samples_per_s`` is over the steps this run
-        trained (null when it trained none)."""
+        trained (null when it trained none); ``validation``: a job with validation data's
+        ``VALIDATION_SUMMARY_KEYS``."""
         seconds = time.perf_counter() - self.started
         rate = self.steps_run * self.batch / max(seconds, 1e-9) if self.steps_run else None
         payload = {"final_loss": final_loss, "steps": steps, "samples_per_s": rate,
-                   "checkpoint": checkpoint, "resumed_from": resumed_from}
+                   "checkpoint": checkpoint, "resumed_from": resumed_from,
+                   **(validation or {})}
         self._write(format_line(SUMMARY, payload))
         return payload
 

@@ -17,6 +17,7 @@ from ..errors import ConfigError, did_you_mean
 from . import optim
 
 BUILTIN_MODELS = ("mlp", "transformer")
+TOKENIZERS = ("byte", "char")
 DTYPES = ("float32", "float64")
 # package.module:build_fn
 _BUILDER_RE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*\Z")
@@ -28,8 +29,18 @@ FIELD_DOCS: dict[str, str] = {
     "model": "mlp, transformer, or package.module:build_fn (called as build_fn(mp_degree=..., "
              "dtype=..., **model_args), returning a ringflow.models.BuiltModel)",
     "model_args": "arguments passed to the model builder (sizes, layers, heads, dropout)",
-    "data": "synthetic (the model's seeded batches) or the path of an .npz file whose "
-            "arrays are named as the model's feeds (one row per sample)",
+    "data": "synthetic (the model's seeded batches); the path of an .npz file whose arrays "
+            "are named as the model's feeds (one row per sample) or of a .csv of features "
+            "and a last column of integer labels (the mlp); or, for the transformer, a UTF-8 "
+            "text file, a folder of them (one token stream), or an .npy token stream "
+            "(memory-mapped). Paths are read on each host",
+    "tokenizer": "how text data becomes tokens: byte (the UTF-8 bytes, vocabulary 256) or "
+                 "char (the corpus's characters, a vocabulary stored with the checkpoint)",
+    "validation_fraction": "hold out this fraction of the data for validation (text: its "
+                           "tail; rows: chosen by the seed); 0: none",
+    "eval_data": "validation data of the same kinds as data (null: none, or "
+                 "validation_fraction)",
+    "eval_every": "compute the validation loss every this many steps (and at the last)",
     "optimizer": "{'type': sgd|momentum|adam|adamw|lamb|lars, ...that optimizer's "
                  "arguments (learning_rate, beta1, momentum, weight_decay, ...)}",
     "lr_schedule": "null, or {'type': cosine (T_max = steps, eta_min) | step (step_size, "
@@ -62,7 +73,7 @@ FIELD_DOCS: dict[str, str] = {
 #: the smallest value each integer field takes (JSON-schema ``minimum``)
 FIELD_MINIMUMS: dict[str, int] = {"steps": 1, "global_batch_size": 1, "seed": 0,
                                   "tensor_parallel_degree": 1, "log_every": 1,
-                                  "checkpoint_every": 1, "sharding_stage": 0,
+                                  "checkpoint_every": 1, "sharding_stage": 0, "eval_every": 1,
                                   "gradient_accumulation_steps": 1}
 #: the largest value of the integer fields that have one (JSON-schema ``maximum``)
 FIELD_MAXIMUMS: dict[str, int] = {"sharding_stage": 2}
@@ -81,6 +92,10 @@ class JobSpec:
     model: str = "transformer"
     model_args: dict[str, Any] = field(default_factory=dict)
     data: str = "synthetic"
+    tokenizer: Literal["byte", "char"] = "byte"
+    validation_fraction: float = 0.0
+    eval_data: str | None = None
+    eval_every: int = 100
     optimizer: dict[str, Any] = field(default_factory=_default_optimizer)
     lr_schedule: dict[str, Any] | None = None
     grad_clip: float | None = None
@@ -102,10 +117,7 @@ class JobSpec:
         for name, minimum in FIELD_MINIMUMS.items():
             _check_int(name, getattr(self, name), minimum, FIELD_MAXIMUMS.get(name))
         _check_model(self.model)
-        _check_path("data", self.data)
-        if self.data != "synthetic" and not self.data.endswith(".npz"):
-            raise ConfigError(f"data must be 'synthetic' or the path of an .npz file, "
-                              f"got {self.data!r}")
+        self._check_data()
         if self.dtype not in DTYPES:
             raise ConfigError(f"dtype must be float32 or float64, got {self.dtype!r}")
         for name in ("resume", "amp"):
@@ -132,6 +144,26 @@ class JobSpec:
         for name in ("model_args", "optimizer", "lr_schedule"):
             _check_json(name, getattr(self, name))
         self.build_optimizer()  # the constructors' own range checks (Adam's beta1 < 1, ...)
+
+    def _check_data(self) -> None:
+        _check_path("data", self.data)
+        if self.tokenizer not in TOKENIZERS:
+            raise ConfigError(f"tokenizer must be byte or char, got {self.tokenizer!r}")
+        fraction = optim.check_number("validation_fraction", self.validation_fraction, 0.0)
+        if fraction >= 1.0:
+            raise ConfigError(f"validation_fraction must be in [0, 1), got "
+                              f"{self.validation_fraction!r}")
+        object.__setattr__(self, "validation_fraction", fraction)
+        if self.eval_data is not None:
+            _check_path("eval_data", self.eval_data)
+            if self.eval_data == "synthetic":
+                raise ConfigError("eval_data must be the path of a file or folder, got "
+                                  "'synthetic'")
+            if fraction:
+                raise ConfigError("give validation_fraction or eval_data, not both")
+        if fraction and self.data == "synthetic":
+            raise ConfigError("validation_fraction holds out part of a data file; synthetic "
+                              "data has none: give eval_data")
 
     # construction ------------------------------------------------------------------------
     @classmethod

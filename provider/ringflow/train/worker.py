@@ -36,9 +36,12 @@ from .checkpoint import (
     discard_after,
     host_complete_steps,
     latest_checkpoint,
+    read_best,
+    write_best,
 )
 from .checkpoint import read_meta as read_checkpoint_meta
-from .data import NpzData, SyntheticData, local_rows, open_npz
+from .data import Sources, local_rows, open_data
+from .evaluation import Evaluator
 from .metrics import TIMING_EVERY, Reporter
 from .spec import BUILTIN_MODELS, JobSpec
 
@@ -64,9 +67,10 @@ class Job:
     startup: Any
     model: Any  # ringflow.models.BuiltModel
     optimizer: Any
-    data: SyntheticData | NpzData
+    data: Sources
     rows: tuple[slice, ...]   # per micro-step (gradient accumulation), in order
     rings: tuple[int, int] = (1, 2)   # (global, data-parallel) ring ids of its strategy
+    evaluator: Evaluator | None = None
 
 
 def read_layout(spec: JobSpec) -> Layout:
@@ -184,17 +188,33 @@ def build_programs(spec: JobSpec):
 
 def build_job(spec: JobSpec, layout: Layout) -> Job:
     main, startup, model, optimizer = build_programs(spec)
-    if spec.data == "synthetic":
-        data: SyntheticData | NpzData = SyntheticData(model.make_batch, spec.seed,
-                                                      spec.global_batch_size)
-    else:
-        feeds = {name: main.global_block().var(name) for name in model.feeds}
-        data = open_npz(spec.data, feeds, spec.seed, spec.global_batch_size)
+    feeds = {name: main.global_block().var(name) for name in model.feeds}
+    data = open_data(spec, feeds, model.make_batch, model.config.get("vocab_size"))
     dp = spec.dp_degree(layout.world_size)
     micro = spec.gradient_accumulation_steps
     rows = tuple(local_rows(spec.global_batch_size, layout.rank // layout.mp_degree, dp, i,
                             micro) for i in range(micro))
-    return Job(spec, layout, main, startup, model, optimizer, data, rows, applied_rings())
+    rings = applied_rings()
+    evaluator = None
+    if data.eval is not None:
+        # Validation batches are micro-batches (a rank's rows of one micro-step): the
+        # memory gradient accumulation saves is not spent again on validation.
+        evaluator = Evaluator(main.clone(for_test=True), _outputs(spec, model), data.eval,
+                              spec.global_batch_size // micro, rows[0],
+                              _dp_sum(rings[1]) if dp > 1 else None)
+    return Job(spec, layout, main, startup, model, optimizer, data, rows, rings, evaluator)
+
+
+def _outputs(spec: JobSpec, model) -> dict[str, str]:
+    if "sample_loss" not in model.outputs:
+        raise ConfigError(f"model {spec.model} names no per-sample loss (BuiltModel.outputs"
+                          f"['sample_loss']), so it cannot be validated: drop "
+                          f"validation_fraction and eval_data")
+    return model.outputs
+
+
+def _dp_sum(ring_id: int):
+    return lambda totals: get_ring(ring_id).all_reduce(totals)
 
 
 def _across_hosts(spec: JobSpec, layout: Layout) -> bool:
@@ -245,8 +265,17 @@ def _finished(report: Reporter, spec: JobSpec, start: Checkpoint, layout: Layout
                                             layout.rank % layout.mp_degree))
     report.say(f"checkpoint step {start.step} is at or past the target of {spec.steps} "
                f"steps: nothing to train: {start.path}")
-    report.summary(meta.get("loss"), start.step, start.path, start.step)
+    validation = None
+    if meta.get("val_loss") is not None or read_best(spec.checkpoint_dir):
+        validation = _validation_summary(meta.get("val_loss"), read_best(spec.checkpoint_dir))
+    report.summary(meta.get("loss"), start.step, start.path, start.step, validation)
     return EXIT_OK
+
+
+def _validation_summary(val_loss: float | None, best: dict | None) -> dict[str, Any]:
+    return {"val_loss": val_loss,
+            "best_val_loss": None if best is None else best["val_loss"],
+            "best_checkpoint": None if best is None else best["path"]}
 
 
 def _announce(layout: Layout, spec: JobSpec) -> None:
@@ -283,6 +312,8 @@ class Trainer:
             self.checkpoints = Checkpointer(self.spec.checkpoint_dir, job.layout, job.main,
                                             self.scope, self._barrier)
         self.last_checkpoint: str | None = None
+        self.val: dict[str, float] | None = None    # the newest validation
+        self.best: dict[str, Any] | None = None     # the best checkpoint by validation loss
 
     def run(self, start: Checkpoint | None) -> int:
         self.exe.run(self.job.startup, scope=self.scope)
@@ -301,8 +332,11 @@ class Trainer:
             print(f"[train] error: stopping: the {exc}; last good checkpoint: {where}",
                   file=sys.stderr, flush=True)
             return EXIT_NONFINITE if isinstance(exc, NonFiniteLoss) else EXIT_CHECKPOINT
+        validation = None
+        if self.job.evaluator is not None:
+            validation = _validation_summary(self.val and self.val["val_loss"], self.best)
         self.report.summary(loss, self.spec.steps, self.last_checkpoint,
-                            None if start is None else start.step)
+                            None if start is None else start.step, validation)
         return EXIT_OK
 
     def _restore(self, start: Checkpoint) -> tuple[int, float | None]:
@@ -312,6 +346,10 @@ class Trainer:
         if scheduler is not None and meta.get("lr_epoch") is not None:
             scheduler.step(int(meta["lr_epoch"]))  # the position; the rate recomputed
         self.last_checkpoint = start.path
+        best = read_best(self.spec.checkpoint_dir)
+        self.best = best if best is not None and best["step"] <= start.step else None
+        if meta.get("val_loss") is not None:
+            self.val = {"val_loss": meta["val_loss"]}
         self.report.say(f"resuming from step {start.step}: {start.path}")
         return start.step, meta.get("loss")
 
@@ -339,13 +377,21 @@ class Trainer:
                 window[1] += time.perf_counter() - began - wait
                 window[2] += wait
             last = step == spec.steps
-            logged = step == done + 1 or step % spec.log_every == 0 or last
-            self.report.step_done(step, loss, lr, logged)
+            checkpoint = self.checkpoints is not None and (
+                step % spec.checkpoint_every == 0 or last)
+            val = None
+            if self.job.evaluator is not None and (
+                    step % spec.eval_every == 0 or last or checkpoint):
+                val = self.val = self.job.evaluator.run(self.exe, self.scope)
+                if not math.isfinite(val["val_loss"]):
+                    raise NonFiniteLoss(step, f"validation loss is {val['val_loss']}")
+            logged = step == done + 1 or step % spec.log_every == 0 or last or val is not None
+            self.report.step_done(step, loss, lr, logged, val)
             if timed and (step % TIMING_EVERY == 0 or last):
                 self._share_timing(step, window)
                 window = [0, 0.0, 0.0]
-            if self.checkpoints is not None and (step % spec.checkpoint_every == 0 or last):
-                self._checkpoint(step, loss)
+            if checkpoint:
+                self._checkpoint(step, loss, val)
         return loss
 
     def _share_timing(self, step: int, window: list) -> None:
@@ -381,7 +427,7 @@ class Trainer:
         job = self.job
         value = None
         for rows in job.rows:
-            feed = job.data.batch(step - 1, rows)
+            feed = job.data.train.batch(step - 1, rows)
             # A NaN/inf is reported once, by the check below, not as numpy warnings per op.
             with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
                 micro, = self.exe.run(job.main, feed=feed, fetch_list=[job.model.loss],
@@ -397,7 +443,7 @@ class Trainer:
             raise NonFiniteLoss(step, f"loss is {loss} (the global batch's mean)")
         return loss
 
-    def _checkpoint(self, step: int, loss: float) -> None:
+    def _checkpoint(self, step: int, loss: float, val: dict[str, float] | None) -> None:
         if not self._state_finite():
             raise NonFiniteLoss(step, "parameters or optimizer state are not finite after "
                                       "the update")
@@ -405,9 +451,22 @@ class Trainer:
         meta = {"run_count": self.exe.run_count(self.job.main), "loss": loss,
                 "lr_epoch": None if scheduler is None else scheduler.last_epoch,
                 "world_size": self.job.layout.world_size,
-                "mp_degree": self.job.layout.mp_degree}
-        self.last_checkpoint = self.checkpoints.save(step, meta)
+                "mp_degree": self.job.layout.mp_degree, "spec": self.spec.to_dict(),
+                "tokenizer": None if self.job.data.tokenizer is None
+                else self.job.data.tokenizer.to_dict(),
+                "val_loss": None if val is None else val["val_loss"]}
+        better = val is not None and (self.best is None
+                                      or val["val_loss"] < self.best["val_loss"])
+        keep = {self.best["step"]} if self.best is not None and not better else set()
+        self.last_checkpoint = self.checkpoints.save(step, meta, keep)
         self.report.say(f"checkpoint step {step}: {self.last_checkpoint}")
+        if better:
+            self.best = {"step": step, "val_loss": val["val_loss"],
+                         "path": self.last_checkpoint}
+            if self.job.layout.local_rank == 0:
+                write_best(self.checkpoints.root, self.best)
+            self.report.say(f"best checkpoint so far (val_loss {val['val_loss']:.6g}): "
+                            f"{self.last_checkpoint}")
 
     def _state_finite(self) -> bool:
         """Whether every rank's persistable state is finite (agreed over the global ring)."""

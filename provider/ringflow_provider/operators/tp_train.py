@@ -86,7 +86,17 @@ class TPTrainOperator(RingflowJobOperator):
 
     :param model: ``mlp``, ``transformer`` or ``package.module:build_fn`` (templated)
     :param model_args: arguments of the model builder (templated)
-    :param data: ``synthetic`` or the path of an ``.npz`` of arrays named as the feeds
+    :param data: ``synthetic``; the path of an ``.npz`` of arrays named as the feeds or a
+        ``.csv`` of features and a label (the mlp); for the transformer a UTF-8 text file,
+        a folder of them or an ``.npy`` token stream. Paths are read on each host
+        (templated)
+    :param tokenizer: text to tokens: ``byte`` (default, vocabulary 256) or ``char`` (the
+        corpus's characters, stored with the checkpoint) (templated)
+    :param validation_fraction: hold out this fraction of ``data`` for validation; 0
+        (default): none (templated)
+    :param eval_data: validation data of the kinds ``data`` takes; None: none (templated)
+    :param eval_every: validate every this many steps, at each checkpoint and at the last,
+        default 100; the validation loss goes into the progress lines and the summary
         (templated)
     :param optimizer: ``{"type": sgd|momentum|adam|adamw|lamb|lars, ...its arguments}``,
         default Adam with learning rate 1e-3 (templated)
@@ -163,6 +173,9 @@ class TPTrainOperator(RingflowJobOperator):
         (its process stopped, or its host unreachable), default 20; a network hiccup
         shorter than this does not stop the job, and a lost host fails the task within
         about twice this (templated)
+    :param ship_data: copy ``data`` and ``eval_data`` from this worker to every host over
+        SFTP (into ``~/.ringflow/data/<sha256>/``, checked by its digest there and reused by
+        later jobs) instead of reading the paths on each host; default False
 
     How it is watched (the job runs under ringflow's supervisor on each host, detached from
     the task process; see `RingflowJobOperator`):
@@ -191,7 +204,9 @@ class TPTrainOperator(RingflowJobOperator):
     presenter = "tp_train"
 
     def __init__(self, *, model: str = "transformer", model_args: dict | str | None = None,
-                 data: str = "synthetic", optimizer: dict | str | None = None,
+                 data: str = "synthetic", tokenizer: str = "byte",
+                 validation_fraction: float | str = 0.0, eval_data: str | None = None,
+                 eval_every: int | str = 100, optimizer: dict | str | None = None,
                  lr_schedule: dict | str | None = None, grad_clip: float | str | None = None,
                  steps: int | str = 200, global_batch_size: int | str = 32,
                  seed: int | str = 0, tensor_parallel_degree: int | str = 1,
@@ -208,14 +223,17 @@ class TPTrainOperator(RingflowJobOperator):
                  python: str = "python3", launcher: str = "ssh",
                  base_port: int | str | None = None, allow_unsafe_env: bool = False,
                  heartbeat_timeout: float | str = DEFAULT_HEARTBEAT_TIMEOUT_S,
-                 **kwargs: Any) -> None:
+                 ship_data: bool = False, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if not isinstance(allow_unsafe_env, bool):  # a template must not switch it on
             raise RingflowConfigException(f"task {self.task_id!r}: allow_unsafe_env: expected "
                                           f"True or False (not templated), got "
                                           f"{allow_unsafe_env!r}")
         self.allow_unsafe_env = allow_unsafe_env
+        self.ship_data = bool(ship_data)
         self.model, self.model_args, self.data = model, model_args or {}, data
+        self.tokenizer, self.validation_fraction = tokenizer, validation_fraction
+        self.eval_data, self.eval_every = eval_data, eval_every
         self.optimizer = optimizer if optimizer is not None else {"type": "adam",
                                                                    "learning_rate": 1e-3}
         self.lr_schedule, self.grad_clip, self.steps = lr_schedule, grad_clip, steps
@@ -329,6 +347,10 @@ class TPTrainOperator(RingflowJobOperator):
         self._check_memory(launcher, plan)
         launcher.prepare(numpy=True, writable={"log_dir": plan["log_dir"],
                                                "checkpoint_dir": spec.checkpoint_dir})
+        if self.ship_data and plan["hosts"]:
+            from ringflow_provider.launchers.data import ship_job_data
+
+            spec = plan["spec"] = ship_job_data(launcher, spec, self.log)
         launcher.stop_earlier(task, f"try {task.try_number} starts the job again")
         self._raise_if_killed()
         port = plan["base_port"] or launcher.free_base_port(nproc)
@@ -453,7 +475,9 @@ class TPTrainOperator(RingflowJobOperator):
             host = handle.hosts[0] if handle.show_hosts else os.uname().nodename
             events[asset].extra = {"checkpoint": summary["checkpoint"], "host": host,
                                    "step": summary["steps"],
-                                   "final_loss": summary["final_loss"]}
+                                   "final_loss": summary["final_loss"],
+                                   **{k: summary[k] for k in ("val_loss", "best_checkpoint")
+                                      if k in summary}}
         return summary
 
 

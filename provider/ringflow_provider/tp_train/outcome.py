@@ -97,6 +97,10 @@ def summarize(handle: JobHandle, report: JobReport, task_id: str
                "world_size": world, "mp_degree": mp, "dp_degree": world // mp,
                "checkpoint": job.get("checkpoint"), "log_dir": handle.log_dir,
                "plot": plot, "resumed_from": job.get("resumed_from")}
+    if "val_loss" in job:   # a job with validation data
+        summary.update(val_loss=job["val_loss"], best_val_loss=job.get("best_val_loss"),
+                       best_checkpoint=job.get("best_checkpoint"),
+                       val_loss_history=[[s, v] for s, v in thin_history(report.val_history)])
     if report.host_times:
         # each host's own work per step (less its waits in the all-reduce) and those waits
         summary.update(host_step_s=report.host_step_s(), host_wait_s=report.host_step_s(2))
@@ -105,6 +109,8 @@ def summarize(handle: JobHandle, report: JobReport, task_id: str
         home = handle.extra.get("homes", {}).get(first)
         summary.update(hosts=list(handle.hosts),
                        checkpoint=absolute(summary["checkpoint"], home),
+                       **({"best_checkpoint": absolute(summary["best_checkpoint"], home)}
+                          if summary.get("best_checkpoint") else {}),
                        log_dir=f"{first}:{absolute(handle.log_dir, home)}")
     return summary, messages
 

@@ -29,6 +29,8 @@ def progress_line(metric: Mapping[str, Any], steps: int, first_step: int = 1) ->
     parts = [f"step {step}/{steps}", f"loss {float(metric['loss']):.4f}",
              f"lr {float(metric['lr']):.1e}"]
     rate = metric.get("samples_per_s")
+    if metric.get("val_loss") is not None:
+        parts.append(f"val_loss {float(metric['val_loss']):.4f}")
     if rate is not None:
         parts.append(f"{float(rate):,.0f} samples/s")
     if done > 0 and step < steps:
@@ -43,6 +45,7 @@ class JobReport(AgentOutcome):
     def __init__(self) -> None:
         super().__init__()
         self.history: list[tuple[int, float]] = []
+        self.val_history: list[tuple[int, float]] = []
         self.summary: dict[str, Any] | None = None
         # host -> [steps timed, their own work, their waits in collectives] (seconds)
         self.host_times: dict[str, list[float]] = {}
@@ -51,6 +54,9 @@ class JobReport(AgentOutcome):
         super().feed(line)
         if line.kind == METRIC and isinstance(line.payload.get("step"), int):
             self.history.append((line.payload["step"], float(line.payload["loss"])))
+            if line.payload.get("val_loss") is not None:
+                self.val_history.append((line.payload["step"],
+                                         float(line.payload["val_loss"])))
         elif line.kind == SUMMARY:
             self.summary = line.payload
         elif line.kind == TIMING:

@@ -18,7 +18,7 @@ from ringflow_provider.rendered import json_text, none_text
 SPEC_FIELDS = tuple(f.name for f in dataclasses.fields(JobSpec))
 _DICT_FIELDS = {"model_args", "optimizer", "lr_schedule"}
 _LIST_FIELDS = {"recompute"}    # true/false, or a list that may arrive as JSON text
-_OPTIONAL = {"lr_schedule", "grad_clip", "checkpoint_dir"}
+_OPTIONAL = {"lr_schedule", "grad_clip", "checkpoint_dir", "eval_data"}
 
 
 def _field(f: dataclasses.Field) -> tuple[Any, Any]:

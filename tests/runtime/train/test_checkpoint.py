@@ -22,10 +22,12 @@ from ringflow.train.checkpoint import (
     latest_checkpoint,
     list_steps,
     prune,
+    read_best,
     read_complete,
     read_meta,
     remove_host_files,
     step_path,
+    write_best,
     write_manifest,
     write_shard,
 )
@@ -108,6 +110,20 @@ def test_prune_keeps_the_last_two_complete_checkpoints(tmp_path):
     _write(root, 3, manifests=False)                   # an old incomplete leftover
     assert prune(root, Layout(0, 2, 1, 2)) == [2, 3, 4]
     assert list_steps(root) == [6, 8]
+
+
+def test_the_best_checkpoint_is_marked_and_kept_from_pruning(tmp_path):
+    root = str(tmp_path)
+    for step in (2, 4, 6, 8):
+        _write(root, step)
+    best = {"step": 2, "val_loss": 1.25, "path": step_path(root, 2)}
+    write_best(root, best)
+    assert read_best(root) == best
+    assert prune(root, Layout(0, 2, 1, 2), protect={2}) == [4]
+    assert list_steps(root) == [2, 6, 8] and read_best(root) == best
+    remove_host_files(root, 2, Layout(0, 2, 1, 2))
+    assert read_best(root) is None                     # its folder is gone
+    assert read_best(None) is None
 
 
 def test_each_host_removes_only_its_files_and_the_last_one_the_folder(tmp_path):

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from ringflow.distributed import fleet
@@ -125,3 +126,42 @@ def test_a_host_short_of_its_ranks_estimate_is_named_with_its_memavailable():
         "rank (parameters 50.0, gradients 50.0, optimizer state 100.0, activations 60.0, "
         "first-step flat copies 200.0, interpreter 40.0 MiB); host b has MemAvailable 999.0 "
         "MiB (/proc/meminfo).")
+
+
+def test_the_data_a_rank_reads_into_memory_counts_and_mapped_data_does_not(tmp_path):
+    """Text: 8 bytes (an int64 token) a character; a CSV: its features in the model's dtype
+    and an int64 label a row; a compressed .npz member: read whole; an .npy stream and a
+    stored .npz member: memory-mapped (0); a path this process cannot see: 0."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("hello world\n" * 100)     # 1,200 bytes
+    (corpus / "b.txt").write_text("x" * 300)
+    (tmp_path / "val.txt").write_text("y" * 50)
+    rows = tmp_path / "rows.csv"
+    rows.write_text("a,b,c,label\n" + "0.5,1,2,0\n" * 10 + "\n1,2,3,1\n")
+    tokens = tmp_path / "tokens.npy"
+    np.save(tokens, np.arange(1000))
+    np.savez(tmp_path / "stored.npz", x=np.zeros((10, 4)), y=np.zeros(10, np.int64))
+    np.savez_compressed(tmp_path / "packed.npz", x=np.zeros((10, 4)), y=np.zeros(10, np.int64))
+    text = {"model": "transformer", "tokenizer": "char"}
+    cases = [
+        ({**text, "data": str(corpus)}, 8 * 1500),
+        ({**text, "data": str(corpus), "eval_data": str(tmp_path / "val.txt")}, 8 * 1550),
+        ({**text, "data": str(tokens)}, 0),
+        ({"model": "mlp", "data": str(rows)}, 11 * (3 * 4 + 8)),
+        ({"model": "mlp", "data": str(rows), "dtype": "float64"}, 11 * (3 * 8 + 8)),
+        ({"model": "mlp", "data": str(tmp_path / "stored.npz")}, 0),
+        # each member's .npy file, its 128-byte header too
+        ({"model": "mlp", "data": str(tmp_path / "packed.npz")}, 10 * 4 * 8 + 10 * 8 + 2 * 128),
+        ({**text, "data": str(tmp_path / "elsewhere.txt")}, 0),
+        ({"model": "mlp"}, 0),
+    ]
+    for fields, want in cases:
+        assert memory.data_bytes(JobSpec.from_dict(fields)) == want, fields
+    spec = JobSpec.from_dict({**text, "data": str(corpus), "checkpoint_dir": None,
+                              "model_args": {"vocab_size": 32, "seq_len": 8,
+                                             "hidden_size": 8, "num_heads": 2,
+                                             "num_layers": 1}})
+    got = memory.estimate(spec, world_size=1)
+    assert got.data == 8 * 1500 and "data 0.0" in got.describe()
+    assert got.total == 2 * got.flat_copies + got.activations + got.data + got.runtime

@@ -26,7 +26,12 @@ VALID = {
     "model": st.sampled_from(["mlp", "transformer", "pkg.mod:build"]),
     "model_args": st.sampled_from([{}, {"hidden_size": 8}, {"num_layers": 1, "num_heads": 2},
                                    {"dropout": 0.1}]),
-    "data": st.sampled_from(["synthetic", "/data/x.npz"]),
+    "data": st.sampled_from(["synthetic", "/data/x.npz", "/data/corpus.txt", "/data/corpus",
+                             "/data/tokens.npy", "/data/rows.csv"]),
+    "tokenizer": st.sampled_from(["byte", "char"]),
+    "validation_fraction": st.sampled_from([0.0, 0.1, 0.5]),
+    "eval_data": st.sampled_from([None, "/data/val.txt", "/data/val.npz"]),
+    "eval_every": st.integers(1, 3),
     "optimizer": st.sampled_from([{"type": "sgd", "learning_rate": 0.1},
                                   {"type": "adam", "learning_rate": 1e-3, "beta1": 0.8},
                                   {"type": "momentum", "learning_rate": 0.1,
@@ -54,7 +59,9 @@ HOSTILE = {
                                  max_size=3),
     "lr_schedule": st.dictionaries(_KEYS, st.one_of(_SMALL, text_or("cosine", "step")),
                                    max_size=3),
-    "data": text_or("synthetic", "/data/x.npz"),
+    "data": text_or("synthetic", "/data/x.npz", "/data/corpus.txt"),
+    "tokenizer": text_or("byte", "char"),
+    "eval_data": text_or("/data/val.txt", "synthetic"),
     "checkpoint_dir": text_or("/tmp/ck"),
 }
 
@@ -93,7 +100,8 @@ def test_a_job_spec_is_refused_by_name_or_reads_back_as_itself(spec, layout):
 
 
 @pytest.mark.parametrize(("field", "value"), [("checkpoint_dir", "ck\0"),
-                                              ("data", "/data/x\0.npz")])
+                                              ("data", "/data/x\0.npz"),
+                                              ("eval_data", "/data/v\0.txt")])
 def test_a_path_with_a_nul_is_refused_naming_the_field(field, value):
     """The OS cannot take it as a path: every rank would fail with a ValueError."""
     with pytest.raises(ConfigError, match=f"{field} must be a path"):

@@ -13,7 +13,8 @@ from ringflow.errors import ConfigError
 from ringflow.train.spec import FIELD_DOCS, FIELD_MAXIMUMS, FIELD_MINIMUMS, JobSpec
 
 DEFAULTS = {
-    "model": "transformer", "model_args": {}, "data": "synthetic",
+    "model": "transformer", "model_args": {}, "data": "synthetic", "tokenizer": "byte",
+    "validation_fraction": 0.0, "eval_data": None, "eval_every": 100,
     "optimizer": {"type": "adam", "learning_rate": 1e-3}, "lr_schedule": None,
     "grad_clip": None, "steps": 200, "global_batch_size": 32, "seed": 0,
     "tensor_parallel_degree": 1, "dtype": "float32", "log_every": 10,
@@ -45,8 +46,15 @@ INVALID = [
     ({"grad_clip": 0}, "grad_clip must be a number > 0 or null, got 0"),
     ({"grad_clip": "1"}, "grad_clip must be a finite number, got '1'"),
     ({"checkpoint_dir": ""}, "checkpoint_dir must be a non-empty string, got ''"),
-    ({"data": "train.csv"}, "data must be 'synthetic' or the path of an .npz file, got "
-                            "'train.csv'"),
+    ({"data": " "}, "data must be a non-empty string, got ' '"),
+    ({"tokenizer": "bpe"}, "tokenizer must be byte or char, got 'bpe'"),
+    ({"validation_fraction": 1}, "validation_fraction must be in [0, 1), got 1"),
+    ({"validation_fraction": -0.1}, "validation_fraction must be >= 0.0, got -0.1"),
+    ({"eval_every": 0}, "eval_every must be an integer >= 1, got 0"),
+    ({"data": "a.txt", "validation_fraction": 0.1, "eval_data": "b.txt"},
+     "give validation_fraction or eval_data, not both"),
+    ({"validation_fraction": 0.1}, "validation_fraction holds out part of a data file; "
+                                   "synthetic data has none: give eval_data"),
     ({"model": "resnet"}, "model must be mlp, transformer or package.module:build_fn, got "
                           "'resnet'"),
     ({"model": "pkg.mod:"}, "got 'pkg.mod:'"),
@@ -193,7 +201,7 @@ def test_fields_are_introspectable_with_real_types_and_documented():
     assert FIELD_MINIMUMS == {"steps": 1, "global_batch_size": 1, "seed": 0,
                               "tensor_parallel_degree": 1, "log_every": 1,
                               "checkpoint_every": 1, "sharding_stage": 0,
-                              "gradient_accumulation_steps": 1}
+                              "eval_every": 1, "gradient_accumulation_steps": 1}
     assert FIELD_MAXIMUMS == {"sharding_stage": 2}
     with pytest.raises(dataclasses.FrozenInstanceError):
         JobSpec().steps = 3  # type: ignore[misc]
