@@ -509,16 +509,20 @@ def test_a_retry_attaches_to_the_job_its_killed_task_process_left_as_one_run(mak
 def test_a_restarting_retry_stops_with_its_task_and_resumes_from_a_checkpoint(make, tmp_path):
     run_id = f"run-{uuid.uuid4().hex[:8]}"
     mark = uuid.uuid4().hex
+    # try 1 cannot finish before the kill lands (a quiet machine trains 150 steps in the
+    # moments the stop takes); the retry trains 20 steps past its newest checkpoint
     killed_task_process(tmp_path, run_id, "step 12/",
-                        **job_args(tmp_path, mark, on_existing="restart"))
+                        **job_args(tmp_path, mark, on_existing="restart", steps=100000))
     wait_until(lambda: not marked(mark), 15, "the job to stop with its task process")
     assert shm_left() == []
-    retry = make(**job_args(tmp_path, mark, on_existing="restart",
+    newest = max(int(p.name[5:]) for p in (tmp_path / "ckpt").glob("step-*")
+                 if re.fullmatch(r"step-\d+", p.name))
+    retry = make(**job_args(tmp_path, mark, on_existing="restart", steps=newest + 20,
                             log_dir=str(tmp_path / "logs2")))
     retry.mark = mark
     summary = retry.execute(ctx(try_number=2, run_id=run_id, max_tries=1))
     resumed = summary["resumed_from"]
-    assert resumed is not None and resumed >= 10 and resumed % 5 == 0
+    assert resumed == newest and resumed >= 10 and resumed % 5 == 0
     assert f"try 2: resuming from step {resumed}" in log_text(retry)
     assert summary["loss_history"][0][0] == resumed + 1
 
