@@ -5,6 +5,7 @@ reference trained in this process, and a parameter put back together from its sh
 from __future__ import annotations
 
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -46,9 +47,16 @@ def serial_build(case):
         fleet._fleet.__dict__.update(saved)
 
 
-def train_serial(main, startup, model) -> tuple[np.ndarray, dict, dict]:
-    """One process trains STEPS steps of the global batch: (per-step losses, every parameter
-    after startup, every parameter after the last step)."""
+class Serial(NamedTuple):
+    """One process's training: the per-step losses, every parameter after startup and after
+    the last step."""
+    losses: np.ndarray
+    init: dict[str, np.ndarray]
+    final: dict[str, np.ndarray]
+
+
+def train_serial(main, startup, model) -> Serial:
+    """One process trains STEPS steps of the global batch."""
     scope, exe = rf.Scope(), rf.Executor()
     exe.run(startup, scope=scope)
     names = [p.name for p in main.all_parameters()]
@@ -56,7 +64,12 @@ def train_serial(main, startup, model) -> tuple[np.ndarray, dict, dict]:
     losses = [float(exe.run(main, feed=model.make_batch(SEED, step, GLOBAL_BATCH),
                             fetch_list=[model.loss], scope=scope)[0].reshape(-1)[0])
               for step in range(STEPS)]
-    return np.array(losses), init, {n: np.array(scope[n]) for n in names}
+    return Serial(np.array(losses), init, {n: np.array(scope[n]) for n in names})
+
+
+def train_each(cases, build=serial_build) -> dict[str, Serial]:
+    """case key -> one process's training of that case (its programs made by `build`)."""
+    return {case.key: train_serial(*build(case)) for case in cases}
 
 
 def gathered(ranks: list[dict], case, stage: str, name: str, group: int, mp: int):
@@ -69,3 +82,19 @@ def gathered(ranks: list[dict], case, stage: str, name: str, group: int, mp: int
             np.testing.assert_array_equal(piece, pieces[0], err_msg=name)
         return pieces[0]
     return np.concatenate(pieces, axis=axis)
+
+
+def pairs(configs, cases, meta_configs, meta_cases) -> list[tuple]:
+    """(config, case): every case in every configuration, the meta cases in theirs."""
+    return ([(config, case) for config in configs for case in cases]
+            + [(config, case) for config in meta_configs for case in meta_cases])
+
+
+def check_final(ranks: list[dict], case, final: dict, world: int, mp: int) -> None:
+    """Every data-parallel replica's parameters, gathered from its mp shards, are the same
+    bitwise, and equal one process's `final` within the case's tolerance."""
+    for name, whole in final.items():
+        replicas = [gathered(ranks, case, "final", name, g, mp) for g in range(world // mp)]
+        for replica in replicas[1:]:
+            np.testing.assert_array_equal(replica, replicas[0], err_msg=name)
+        np.testing.assert_allclose(replicas[0], whole, err_msg=name, **case.tolerance("params"))

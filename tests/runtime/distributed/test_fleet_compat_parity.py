@@ -10,11 +10,13 @@ every case.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 
+from tests.runtime.distributed import parity
 from tests.runtime.distributed.fleet_compat_cases import CONFIGS, cases
-from tests.runtime.distributed.parity import gathered, run_ranks, train_serial
 from tests.runtime.distributed.tp_cases import build_programs
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
@@ -28,30 +30,24 @@ APPLIED = {"hybrid": {1: ["GraphExecutionOptimizer"], 2: ["TensorParallelOptimiz
 
 @pytest.fixture(scope="module")
 def serial():
-    """case key -> (per-step losses, final parameters) of one process, one step per batch."""
-    results = {}
-    for case in {c.key: c for _, c in PAIRS}.values():
-        losses, _, final = train_serial(*build_programs(case, mp_degree=1))
-        results[case.key] = (losses, final)
-    return results
+    """case key -> one process's per-step losses and parameters, one step per batch."""
+    return parity.train_each({c.key: c for _, c in PAIRS}.values(),
+                             lambda case: build_programs(case, mp_degree=1))
 
 
 @pytest.fixture(scope="module")
 def parallel(tmp_path_factory):
-    cache: dict = {}
-
+    @functools.cache
     def get(config) -> list[dict]:
-        if config not in cache:
-            world, mp = config
-            ranks: list[dict] = [{} for _ in range(world)]
-            kinds = ["others"] + ["sharding"] * any(c.form == "sharding" for c in cases(*config))
-            for kind in kinds:
-                found = run_ranks(tmp_path_factory.mktemp(f"compat{world}x{mp}{kind}"),
-                                  "fleet_compat.py", world, [str(mp), kind], 2, timeout=300)
-                for rank, results in zip(ranks, found):
-                    rank.update(results)
-            cache[config] = ranks
-        return cache[config]
+        world, mp = config
+        ranks: list[dict] = [{} for _ in range(world)]
+        kinds = ["others"] + ["sharding"] * any(c.form == "sharding" for c in cases(*config))
+        for kind in kinds:
+            found = parity.run_ranks(tmp_path_factory.mktemp(f"compat{world}x{mp}{kind}"),
+                                     "fleet_compat.py", world, [str(mp), kind], 2, timeout=300)
+            for rank, results in zip(ranks, found):
+                rank.update(results)
+        return ranks
 
     return get
 
@@ -76,7 +72,7 @@ def test_per_step_losses_equal_one_process(serial, parallel, config, case):
     ranks = parallel(config)
     per_rank = np.array([r[f"{case.key}|loss"] for r in ranks])   # rank x step x micro
     losses = per_rank[::mp].mean(axis=(0, 2))
-    np.testing.assert_allclose(losses, serial[case.key][0], **case.tolerance("loss"))
+    np.testing.assert_allclose(losses, serial[case.key].losses, **case.tolerance("loss"))
 
 
 @pytest.mark.parametrize("config, case", PAIRS, ids=[_ids(p) for p in PAIRS])
@@ -84,11 +80,7 @@ def test_final_parameters_equal_one_process_and_replicas_are_identical(
         serial, parallel, config, case):
     world, mp = config
     ranks = parallel(config)
-    for name, whole in serial[case.key][1].items():
-        replicas = [gathered(ranks, case, "final", name, g, mp) for g in range(world // mp)]
-        for replica in replicas[1:]:
-            np.testing.assert_array_equal(replica, replicas[0], err_msg=name)
-        np.testing.assert_allclose(replicas[0], whole, err_msg=name, **case.tolerance("params"))
+    parity.check_final(ranks, case, serial[case.key].final, world, mp)
 
 
 @pytest.mark.parametrize("find_unused", ["0", "1"])
@@ -97,8 +89,8 @@ def test_a_parameter_without_gradient_does_not_hang_data_parallel_training(tmp_p
     """find_unused_parameters either way: a parameter the loss does not use has no gradient
     on any rank, so no all-reduce waits for it; the job ends, the parameter keeps its start
     value and the replicas agree."""
-    ranks = run_ranks(tmp_path, "unused_param.py", 2, [find_unused, "unset"], 2, timeout=120,
-                      check_shm=False)
+    ranks = parity.run_ranks(tmp_path, "unused_param.py", 2, [find_unused, "unset"], 2,
+                             timeout=120, check_shm=False)
     for rank in ranks:
         np.testing.assert_array_equal(rank["unused"], rank["start"])
     np.testing.assert_array_equal(ranks[0]["used"], ranks[1]["used"])
@@ -109,9 +101,9 @@ def test_a_parameter_without_gradient_does_not_hang_data_parallel_training(tmp_p
 def four_ranks(tmp_path_factory):
     """hierarchical ("on", "off", "unset") -> the ranks' results of a data-parallel job of 4
     ranks on two hosts (two ranks each)."""
-    return {hierarchical: run_ranks(tmp_path_factory.mktemp(f"hier-{hierarchical}"),
-                                    "unused_param.py", 4, ["0", hierarchical], 2, timeout=120,
-                                    check_shm=False)
+    return {hierarchical: parity.run_ranks(tmp_path_factory.mktemp(f"hier-{hierarchical}"),
+                                           "unused_param.py", 4, ["0", hierarchical], 2,
+                                           timeout=120, check_shm=False)
             for hierarchical in ("on", "off", "unset")}
 
 

@@ -13,35 +13,33 @@ here, once per case.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 
-from tests.runtime.distributed.parity import gathered, run_ranks, serial_build, train_serial
+from tests.runtime.distributed import parity
 from tests.runtime.distributed.tp_cases import CASES, CONFIGS, META_CASES, META_CONFIGS
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
 
-PAIRS = ([(config, case) for config in CONFIGS for case in CASES]
-         + [(config, case) for config in META_CONFIGS for case in META_CASES])
+PAIRS = parity.pairs(CONFIGS, CASES, META_CONFIGS, META_CASES)
 
 
 @pytest.fixture(scope="module")
 def serial():
-    """case key -> (losses, parameters after startup, parameters after the last step)."""
-    return {case.key: train_serial(*serial_build(case)) for case in CASES + META_CASES}
+    """case key -> one process's losses, parameters after startup and after the last step."""
+    return parity.train_each(CASES + META_CASES)
 
 
 @pytest.fixture(scope="module")
 def parallel(tmp_path_factory):
     """(world, degree, hosts) -> per-rank result dicts, each job run once."""
-    cache: dict = {}
-
+    @functools.cache
     def get(config) -> list[dict]:
-        if config not in cache:
-            world, mp, nhosts = config
-            cache[config] = run_ranks(tmp_path_factory.mktemp(f"tp{world}x{mp}"),
-                                      "tp_parity.py", world, [str(mp)], nhosts, timeout=240)
-        return cache[config]
+        world, mp, nhosts = config
+        return parity.run_ranks(tmp_path_factory.mktemp(f"tp{world}x{mp}"), "tp_parity.py",
+                                world, [str(mp)], nhosts, timeout=240)
 
     return get
 
@@ -58,7 +56,7 @@ def test_per_step_losses_equal_one_process(serial, parallel, config, case):
     losses = np.array([r[f"{case.key}|loss"] for r in ranks])      # [rank, step]
     for r in range(1, world):   # every rank logs the same global-batch loss, bitwise
         np.testing.assert_array_equal(losses[r], losses[0])
-    np.testing.assert_allclose(losses[0], serial[case.key][0], **case.tolerance("loss"))
+    np.testing.assert_allclose(losses[0], serial[case.key].losses, **case.tolerance("loss"))
 
 
 @pytest.mark.parametrize("config, case", PAIRS, ids=[_ids(p) for p in PAIRS])
@@ -66,10 +64,10 @@ def test_shards_after_startup_are_bitwise_slices_of_the_serial_parameters(
         serial, parallel, config, case):
     world, mp, _ = config
     ranks = parallel(config)
-    init = serial[case.key][1]
+    init = serial[case.key].init
     for group in range(world // mp):
         for name, whole in init.items():
-            np.testing.assert_array_equal(gathered(ranks, case, "init", name, group, mp),
+            np.testing.assert_array_equal(parity.gathered(ranks, case, "init", name, group, mp),
                                           whole, err_msg=name)
 
 
@@ -78,9 +76,4 @@ def test_final_parameters_gathered_equal_one_process_and_dp_replicas_are_identic
         serial, parallel, config, case):
     world, mp, _ = config
     ranks = parallel(config)
-    final = serial[case.key][2]
-    for name, whole in final.items():
-        replicas = [gathered(ranks, case, "final", name, g, mp) for g in range(world // mp)]
-        for replica in replicas[1:]:
-            np.testing.assert_array_equal(replica, replicas[0], err_msg=name)
-        np.testing.assert_allclose(replicas[0], whole, err_msg=name, **case.tolerance("params"))
+    parity.check_final(ranks, case, serial[case.key].final, world, mp)
