@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import types
-import uuid
 
 import pytest
 from hypothesis import example, given
@@ -45,12 +43,18 @@ from tests.hostile import (
     same_shape,
     text_or,
 )
-from tests.provider.composed import SHIPPED, Composed, recording_launcher
+from tests.provider.composed import (
+    JOB_ID,
+    SHIPPED,
+    Composed,
+    known_identity,
+    recording_launcher,
+    ssh_connections,
+)
 from tests.provider.contexts import TaskInstanceStub
 
 pytestmark = pytest.mark.slow
 
-JOB_ID = "0123456789ab"
 TOKEN = "ab" * 32
 DEFAULT_STATE = ".ringflow/jobs"
 # flags of poprun the composition never sets itself (those it sets are another rule's)
@@ -327,13 +331,10 @@ def known_ids():
     """The job's id and token as known values, so the expected argv is exact; the hosts
     recording; an ssh_default connection (its password is looked up, never used)."""
     mp = pytest.MonkeyPatch()
-    mp.setattr(poprun_module, "uuid", types.SimpleNamespace(
-        uuid4=lambda: uuid.UUID(JOB_ID + "0" * 20)))
-    mp.setattr(poprun_module, "token_source", types.SimpleNamespace(token_hex=lambda n: TOKEN))
+    known_identity(mp, poprun_module, TOKEN)
     mp.setattr(poprun_module, "SSHLauncher",
                lambda hosts, **kw: recording_launcher("ssh", hosts, **kw))
-    mp.setenv("AIRFLOW_CONN_SSH_DEFAULT", json.dumps({"conn_type": "ssh", "host": "h",
-                                                      "login": "u"}))
+    ssh_connections(mp, "SSH_DEFAULT")
     try:
         yield
     finally:

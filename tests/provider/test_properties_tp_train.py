@@ -16,7 +16,6 @@ import contextlib
 import json
 import sys
 import types
-import uuid
 
 import pytest
 from hypothesis import example, given
@@ -49,12 +48,18 @@ from tests.hostile import (
     same_shape,
     text_or,
 )
-from tests.provider.composed import SHIPPED, Composed, recording_launcher
+from tests.provider.composed import (
+    JOB_ID,
+    SHIPPED,
+    Composed,
+    known_identity,
+    recording_launcher,
+    ssh_connections,
+)
 from tests.provider.contexts import TaskInstanceStub
 
 pytestmark = pytest.mark.slow
 
-JOB_ID = "0123456789ab"
 TOKEN = "cd" * 32
 PORT = 30000
 ARGUMENTS = (*SPEC_FIELDS, "nproc_per_host", "log_dir", "extra_env", "secret_env", "hosts",
@@ -139,16 +144,12 @@ def known_ids(home):
     """The job's id, token and ports as known values, so the expected commands are exact;
     the hosts recording; RINGFLOW_HOME `home`."""
     mp = pytest.MonkeyPatch()
-    mp.setattr(tp_module, "uuid", types.SimpleNamespace(
-        uuid4=lambda: uuid.UUID(JOB_ID + "0" * 20)))
-    mp.setattr(tp_module, "token_source", types.SimpleNamespace(token_hex=lambda n: TOKEN))
+    known_identity(mp, tp_module, TOKEN)
     mp.setattr(tp_module, "get_launcher", recording_launcher)
     mp.setattr(ssh_module, "random", types.SimpleNamespace(
         Random=lambda: types.SimpleNamespace(randint=lambda a, b: PORT)))
     mp.setenv("RINGFLOW_HOME", str(home))
-    for conn_id in ("SSH_DEFAULT", "OTHER"):  # read for their allowed_hosts, never used
-        mp.setenv(f"AIRFLOW_CONN_{conn_id}", json.dumps({"conn_type": "ssh", "host": "h",
-                                                         "login": "u"}))
+    ssh_connections(mp, "SSH_DEFAULT", "OTHER")  # read for their allowed_hosts, never used
     try:
         yield
     finally:
