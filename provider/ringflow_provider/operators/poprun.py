@@ -27,21 +27,8 @@ from ringflow_provider.launchers.job import JobHandle, TaskKey
 from ringflow_provider.launchers.mpirun import check_mpirun, same_runtime_path
 from ringflow_provider.launchers.ssh import SSHLauncher
 from ringflow_provider.operators.base import RingflowJobOperator
-from ringflow_provider.poprun import (
-    FIELD_NAMES,
-    PopRunConfig,
-    launch_argv,
-    mask_argv,
-    secret_values,
-)
+from ringflow_provider.poprun import FIELD_NAMES, PopRunConfig, arguments, compose
 from ringflow_provider.poprun import report as poprun_report
-from ringflow_provider.poprun.arguments import (
-    check_literals,
-    exit_codes,
-    given_secrets,
-    parse_arguments,
-    to_bool,
-)
 from ringflow_provider.poprun.models import ALLOW_FIELDS
 
 __all__ = ["CPU_POPRUN", "ON_KILL_BUDGET_S", "PopRunOperator"]
@@ -186,7 +173,7 @@ class PopRunOperator(RingflowJobOperator):
         self.ringflow_job = ringflow_job
         self.conn_timeout = conn_timeout
         self.cmd_timeout = cmd_timeout
-        self.skip_on_exit_code = exit_codes(skip_on_exit_code)
+        self.skip_on_exit_code = arguments.exit_codes(skip_on_exit_code)
         self.remote_state_dir = remote_state_dir
         if remote_state_dir:
             try:
@@ -200,7 +187,7 @@ class PopRunOperator(RingflowJobOperator):
     def _validate_literals(self) -> None:
         """Cheap parse-time check of the non-templated arguments (no I/O)."""
         try:
-            check_literals(self._values(), self.launch_host)
+            arguments.check_literals(self._values(), self.launch_host)
         except (RingflowError, ValueError) as exc:
             message = self._given_secrets().mask(str(exc))
             raise RingflowConfigException(f"task {self.task_id!r}: {message}") from None
@@ -211,7 +198,7 @@ class PopRunOperator(RingflowJobOperator):
 
     def _given_secrets(self) -> Secrets:
         """The secret values among the arguments as they stand (maybe not valid yet)."""
-        return given_secrets(self.extra_env, self.secret_env)
+        return arguments.given_secrets(self.extra_env, self.secret_env)
 
     @cached_property
     def hook(self) -> MultiHostSSHHook:
@@ -220,14 +207,14 @@ class PopRunOperator(RingflowJobOperator):
     @staticmethod
     def _flag(name: str, value: bool | str) -> bool:
         try:
-            return to_bool(name, value)
+            return arguments.to_bool(name, value)
         except ValueError as exc:
             raise RingflowConfigException(str(exc)) from None
 
     def _config(self) -> PopRunConfig:
         """The rendered arguments, validated; a bad value fails the task without retries."""
         try:
-            return parse_arguments(self._values(), self.launch_host)
+            return arguments.parse_arguments(self._values(), self.launch_host)
         except (RingflowError, ValueError) as exc:  # validation messages quote values
             raise RingflowConfigException(self._given_secrets().mask(str(exc))) from None
 
@@ -250,7 +237,7 @@ class PopRunOperator(RingflowJobOperator):
         password = None
         if not self.dry_run:
             password = self.hook.get_connection(self.ssh_conn_id).password
-        secrets = secret_values(config, [password, token])
+        secrets = compose.secret_values(config, [password, token])
         self._secrets = Secrets(secrets)
         self._secrets.register()
         return secrets
@@ -266,9 +253,9 @@ class PopRunOperator(RingflowJobOperator):
             self._sweep = (config.python, job_vars["RINGFLOW_JOB_ID"], list(config.hosts))
             job_secrets = {"RINGFLOW_JOB_TOKEN": token_source.token_hex(32)}
         hidden = {**config.hidden_env(), **job_secrets}
-        argv = launch_argv(config, secret=list(job_secrets), plain=job_vars)
+        argv = compose.launch_argv(config, secret=list(job_secrets), plain=job_vars)
         secrets = self._collect_secrets(config, hidden.get("RINGFLOW_JOB_TOKEN"))
-        masked = mask_argv(argv, secrets)
+        masked = compose.mask_argv(argv, secrets)
         summary = poprun_report.summary(config, masked, launch_host, self.dry_run)
         for text in poprun_report.plan_text(config, launch_host, masked):
             self.log.info("%s", text)
