@@ -1,10 +1,11 @@
 """What the tests learn through /proc: whether processes still run, and which processes
 carry a test's marker in their environment (every descendant inherits it), so a test can
-check that nothing it started outlived it."""
+check that nothing it started outlived it; and a wait for such a state to come."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 
@@ -24,6 +25,17 @@ def alive(pids: Iterable[int]) -> list[int]:
         if _state(stat) not in "ZX":
             running.append(pid)
     return running
+
+
+def eventually(predicate: Callable[[], object], timeout: float = 10) -> bool:
+    """Whether `predicate()` comes true within `timeout` seconds (looked at every 50 ms): a
+    process ends, or its group empties, a little after what ends it."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 def marked_processes(var: str, value: str) -> list[int]:

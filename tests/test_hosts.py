@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import shlex
 import subprocess
-import time
 import uuid
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import pytest
 
 from ringflow.errors import LaunchError
 from ringflow_provider.hooks.multi_ssh import MultiHostSSHHook
+from tests import procs
 from tests.hosts import HostSetupError, NsHosts
 
 pytestmark = [pytest.mark.ssh]
@@ -32,15 +32,6 @@ def ssh(hooks, ns_hosts, i: int, command: str) -> str:
     code, out, err = hooks[i].run(ns_hosts[i].address, command, timeout=20)
     assert code == 0, f"{command!r} on {ns_hosts[i].name}: exit {code}: {err}"
     return out
-
-
-def wait_for(predicate, timeout: float = 10) -> bool:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
 
 
 def test_each_host_has_its_own_address_on_the_bridge(ns_hosts):
@@ -124,7 +115,7 @@ def test_leftovers_and_shm_entries_show_what_a_session_left(hooks, ns_hosts):
         "echo x > /dev/shm/ringflow-left")
     hooks[1].close()  # its session's sshd processes end with the connection
     try:
-        assert wait_for(lambda: [p.cmdline for p in host.leftovers()] == ["sleep 300"])
+        assert procs.eventually(lambda: [p.cmdline for p in host.leftovers()] == ["sleep 300"])
         assert host.shm_entries() == ["ringflow-left"]
     finally:
         host.sh("pkill -x sleep; rm -f /dev/shm/ringflow-left")  # only this host's pid ns

@@ -26,14 +26,6 @@ DAG, TASK = "ringflow_tp_train", "train"
 STEP = re.compile(r"^step (\d+)/(\d+) ")
 
 
-def trigger(api, **conf) -> str:
-    api.unpause(DAG)
-    before = api.run_ids(DAG)
-    response = api.trigger(DAG, api.form_conf(DAG, **conf))
-    assert response.status_code == 200, response.text
-    return api.wait_for_new_run(DAG, before)
-
-
 def job_processes(run_id: str) -> list[int]:
     """Every process of the run's training jobs (supervisors, agents, ranks): they carry the
     task's key in RINGFLOW_TASK."""
@@ -59,9 +51,9 @@ def test_a_deferred_job_holds_no_worker_slot_and_reports_as_an_attached_one(
         airflow_services):
     api = airflow_services.api
     conf = {"steps": 60, "log_every": 5, "seed": 5}
-    attached = trigger(api, **conf)
+    attached = api.trigger_form(DAG, **conf)
     api.wait_for_run(DAG, attached, timeout=180)
-    deferred = trigger(api, deferrable=True, poll_interval=1, **conf)
+    deferred = api.trigger_form(DAG, deferrable=True, poll_interval=1, **conf)
     api.wait_for_state(DAG, deferred, TASK, {"deferred"}, timeout=120)
     # no slot of the pool (what the executor runs tasks in) is ours while deferred; other
     # tasks (the evaluate DAG, run by the attached run's Asset event) may hold one
@@ -91,7 +83,7 @@ def test_a_deferred_job_holds_no_worker_slot_and_reports_as_an_attached_one(
 
 def test_marking_a_deferred_task_failed_stops_its_job_within_10_s(airflow_services):
     api = airflow_services.api
-    run = trigger(api, deferrable=True, poll_interval=1, steps=100000, log_every=50)
+    run = api.trigger_form(DAG, deferrable=True, poll_interval=1, steps=100000, log_every=50)
     api.wait_for_state(DAG, run, TASK, {"deferred"}, timeout=120)
     wait_until(lambda: len(job_processes(run)) >= 4, 60, "the supervisor, agent and 2 ranks")
     # a trigger that no triggerer has taken up yet cannot be told of the mark (Airflow deletes
@@ -115,7 +107,7 @@ def test_marking_a_deferred_task_failed_stops_its_job_within_10_s(airflow_servic
 def test_a_job_goes_on_when_its_triggerer_is_killed_and_another_takes_over(airflow_services):
     api = airflow_services.api
     steps = 400
-    run = trigger(api, deferrable=True, poll_interval=1, steps=steps, log_every=10)
+    run = api.trigger_form(DAG, deferrable=True, poll_interval=1, steps=steps, log_every=10)
     api.wait_for_state(DAG, run, TASK, {"deferred"}, timeout=120)
     wait_until(lambda: len(steps_logged(api, run)) >= 3, 90, "the triggerer to log steps")
     airflow_services.kill_service("triggerer")
@@ -173,7 +165,7 @@ def test_a_retry_after_the_task_process_was_killed_attaches_or_restarts(airflow_
                                                                         on_existing, request):
     api = airflow_services.api
     steps = 300
-    run = trigger(api, steps=steps, log_every=10, on_existing=on_existing)
+    run = api.trigger_form(DAG, steps=steps, log_every=10, on_existing=on_existing)
     api.wait_for_state(DAG, run, TASK, {"running"}, timeout=120)
     wait_until(lambda: len(steps_logged(api, run)) >= 13, 120, "training past step 120")
     # the ranks paused while try 2 starts: a fast machine would otherwise finish the job

@@ -35,19 +35,11 @@ A_STEPS = [1, *range(5, 401, 5)]   # steps / log_every points, and the first
 SCREENSHOTS = os.environ.get("RINGFLOW_UI_SCREENSHOTS")
 
 
-def trigger(api, **conf) -> str:
-    api.unpause(DAG)
-    before = api.run_ids(DAG)
-    response = api.trigger(DAG, api.form_conf(DAG, **conf))
-    assert response.status_code == 200, response.text
-    return api.wait_for_new_run(DAG, before)
-
-
 @pytest.fixture(scope="module")
 def runs(airflow_services) -> dict[str, str]:
     api = airflow_services.api
-    c = trigger(api, **C_CONF)   # first: A and B are the newest runs
-    return {"A": trigger(api, **A_CONF), "B": trigger(api, **B_CONF), "C": c}
+    c = api.trigger_form(DAG, **C_CONF)   # first: A and B are the newest runs
+    return {"A": api.trigger_form(DAG, **A_CONF), "B": api.trigger_form(DAG, **B_CONF), "C": c}
 
 
 def task_tab(base_url: str, run_id: str) -> str:
@@ -257,7 +249,7 @@ def test_the_training_tab_of_a_deferred_task_draws_more_points_while_it_runs(
     """The triggerer watches the job and writes its progress lines into the task's log: the
     tab reads them through Airflow's log reader as it does a running task's."""
     api, page = airflow_services.api, airflow_ui
-    run = trigger(api, deferrable=True, poll_interval=1, **A_CONF)
+    run = api.trigger_form(DAG, deferrable=True, poll_interval=1, **A_CONF)
     api.wait_for_state(DAG, run, TASK, {"deferred"}, timeout=120)
     metrics = f"{airflow_services.base_url}/ringflow/api/metrics/{DAG}/{quote(run)}/{TASK}"
     wait_until(lambda: len(api.http.get(metrics).json()["tries"][0]["points"]) >= 3, 120,

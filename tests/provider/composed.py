@@ -11,7 +11,10 @@ hosts in test_tp_train_hosts.py, test_cpu_poprun_hosts.py and test_launcher_comm
 from __future__ import annotations
 
 import json
+import types
+import uuid
 from dataclasses import dataclass
+from typing import Any
 
 from ringflow.launch.supervisor import STARTED_PREFIX
 from ringflow_provider.launchers.commands import Runtime
@@ -21,6 +24,7 @@ from ringflow_provider.launchers.ssh import SSHLauncher
 
 SHIPPED = "/home/u/.ringflow/runtime/ringflow-0"  # where a host's runtime would be
 HOME = "/home/u"
+JOB_ID = "0123456789ab"  # the job id an operator makes under `known_identity`
 
 
 @dataclass
@@ -124,3 +128,20 @@ BACKENDS = {"local": RecordingLocal, "ssh": RecordingSSH, "mpirun": RecordingMpi
 def recording_launcher(name: str, hosts: list[str], **kwargs):
     """`launchers.get_launcher`'s stand-in: the backend `name`, recording."""
     return BACKENDS[name](hosts, **kwargs)
+
+
+def known_identity(mp: Any, operator_module: Any, token: str) -> None:
+    """With MonkeyPatch `mp`: the job id and token `operator_module` makes (its `uuid.uuid4`,
+    `token_source.token_hex`) are JOB_ID and `token`, so the commands a test expects are
+    exact."""
+    mp.setattr(operator_module, "uuid", types.SimpleNamespace(
+        uuid4=lambda: uuid.UUID(JOB_ID + "0" * 20)))
+    mp.setattr(operator_module, "token_source", types.SimpleNamespace(token_hex=lambda n: token))
+
+
+def ssh_connections(mp: Any, *conn_ids: str) -> None:
+    """With MonkeyPatch `mp`: ssh connections `conn_ids` (upper case) in the environment, to a
+    host `h` as `u`: looked up by the operator, never connected to."""
+    for conn_id in conn_ids:
+        mp.setenv(f"AIRFLOW_CONN_{conn_id}", json.dumps({"conn_type": "ssh", "host": "h",
+                                                         "login": "u"}))

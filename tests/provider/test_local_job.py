@@ -27,7 +27,9 @@ from ringflow.launch.stdin import encode_secrets
 from ringflow_provider.jobs.lines import MAX_LINE_BYTES, LineSplitter
 from ringflow_provider.jobs.local import LocalJob
 from tests.procs import alive, marked_processes
+from tests.provider import progress_flood
 from tests.provider.conftest import wait_until
+from tests.provider.progress_flood import Redraws
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -184,42 +186,16 @@ def test_a_2_mib_line_is_passed_on_in_1_mib_pieces():
     assert lines.of("stdout")[-1] == "after"
 
 
-def _rss_bytes() -> int:
-    for row in Path("/proc/self/status").read_text().splitlines():
-        if row.startswith("VmRSS:"):
-            return int(row.split()[1]) * 1024
-    raise AssertionError("no VmRSS in /proc/self/status")
-
-
 @pytest.mark.multiproc
 def test_10_mib_of_progress_output_streams_as_lines_with_flat_memory():
-    update = b"step %06d/100000 loss 0.123456 |" + b"#" * 60 + b"|\r"
-    count = (10 << 20) // len(update % 0) + 1
-    argv = python(f"""
-        import sys
-        out = sys.stdout.buffer
-        update = {update!r}
-        for start in range(0, {count}, 1000):
-            out.write(b"".join(update % i for i in range(start, min(start + 1000, {count}))))
-        out.flush()
-    """)
-    seen = {"lines": 0, "bad": 0, "peak": 0}
-    before = _rss_bytes()
-
-    def on_line(stream, line):
-        if line != (update % seen["lines"]).decode()[:-1]:
-            seen["bad"] += 1
-        seen["lines"] += 1
-        if seen["lines"] % 2000 == 0:
-            seen["peak"] = max(seen["peak"], _rss_bytes())
-
-    with LocalJob(argv, on_line) as job:
+    seen = Redraws()
+    with LocalJob(python(progress_flood.SCRIPT), seen) as job:
         job.start()
         assert job.wait(timeout=50) == 0
-    assert (seen["lines"], seen["bad"]) == (count, 0)
-    assert count * len(update % 0) > 10 << 20
+    assert (seen.lines, seen.bad) == (progress_flood.COUNT, 0)
+    assert progress_flood.COUNT * len(progress_flood.UPDATE % 0) > 10 << 20
     # Holding the output (10 MiB as bytes, again as text) would grow far more than this.
-    growth = max(seen["peak"], _rss_bytes()) - before
+    growth = seen.growth()
     assert growth < 8 << 20, f"RSS grew {growth / 2**20:.1f} MiB"
 
 

@@ -220,29 +220,13 @@ def test_the_default_keepalive_bound_is_within_a_minute(ssh_conn):
 def test_10_mib_of_remote_progress_output_streams_as_lines_with_flat_memory(hook, sshd):
     """A progress bar redrawn with \\r over SSH: every redraw is a line, as it comes, and
     the task process does not hold the output (lines are split from bytearrays)."""
-    from tests.provider.test_local_job import _rss_bytes
+    from tests.provider.progress_flood import COUNT, SCRIPT, Redraws
 
-    update = b"step %06d/100000 loss 0.123456 |" + b"#" * 60 + b"|\r"
-    count = (10 << 20) // len(update % 0) + 1
     script = sshd.work_dir / "progress.py"
-    script.write_text(
-        "import sys\nout = sys.stdout.buffer\n"
-        f"update = {update!r}\n"
-        f"for start in range(0, {count}, 1000):\n"
-        f"    out.write(b''.join(update % i for i in range(start, min(start + 1000, {count}))))\n"
-        "out.flush()\n")
-    seen = {"lines": 0, "bad": 0, "peak": 0}
-    before = _rss_bytes()
-
-    def on_line(stream, line):
-        if line != (update % seen["lines"]).decode()[:-1]:
-            seen["bad"] += 1
-        seen["lines"] += 1
-        if seen["lines"] % 2000 == 0:
-            seen["peak"] = max(seen["peak"], _rss_bytes())
-
-    result = hook.stream("127.0.0.1", f"python3 {shlex.quote(str(script))}", on_line)
+    script.write_text(SCRIPT)
+    seen = Redraws()
+    result = hook.stream("127.0.0.1", f"python3 {shlex.quote(str(script))}", seen)
     assert result.exit_code == 0
-    assert (seen["lines"], seen["bad"]) == (count, 0)
-    growth = max(seen["peak"], _rss_bytes()) - before
+    assert (seen.lines, seen.bad) == (COUNT, 0)
+    growth = seen.growth()
     assert growth < 8 << 20, f"RSS grew {growth / 2**20:.1f} MiB"

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import types
-import uuid
 
 import pytest
 from hypothesis import example, given
@@ -45,12 +43,12 @@ from tests.hostile import (
     same_shape,
     text_or,
 )
+from tests.provider import composed
 from tests.provider.composed import SHIPPED, Composed, recording_launcher
 from tests.provider.contexts import TaskInstanceStub
 
 pytestmark = pytest.mark.slow
 
-JOB_ID = "0123456789ab"
 TOKEN = "ab" * 32
 DEFAULT_STATE = ".ringflow/jobs"
 # flags of poprun the composition never sets itself (those it sets are another rule's)
@@ -160,7 +158,7 @@ def local_exports(config: PopRunConfig, ringflow_job: bool) -> list[str]:
               for name, value in (config.extra_env or {}).items()]
     items += list(config.secret_env or {})
     if ringflow_job:
-        items += ["RINGFLOW_JOB_TOKEN", f"RINGFLOW_JOB_ID={JOB_ID}"]
+        items += ["RINGFLOW_JOB_TOKEN", f"RINGFLOW_JOB_ID={composed.JOB_ID}"]
     return [token for item in items for token in ("-x", item)]
 
 
@@ -235,7 +233,8 @@ def check_start_command(sent, op: PopRunOperator, config: PopRunConfig, argv: li
     env = dict(config.plain_env())
     if config.poprun == CPU_POPRUN:
         env["PYTHONPATH"] = SHIPPED
-    env.update({"RINGFLOW_JOB_ID": JOB_ID, "RINGFLOW_TASK": task.key, "PYTHONPATH": SHIPPED})
+    env.update({"RINGFLOW_JOB_ID": composed.JOB_ID, "RINGFLOW_TASK": task.key,
+                "PYTHONPATH": SHIPPED})
     secret_names = [*config.hidden_env(), *(["RINGFLOW_JOB_TOKEN"] if "RINGFLOW_JOB_TOKEN"
                                              in sent[0].stdin else [])]
     # the state folder's parts each a placeholder: the command `own`s each part in turn
@@ -327,13 +326,10 @@ def known_ids():
     """The job's id and token as known values, so the expected argv is exact; the hosts
     recording; an ssh_default connection (its password is looked up, never used)."""
     mp = pytest.MonkeyPatch()
-    mp.setattr(poprun_module, "uuid", types.SimpleNamespace(
-        uuid4=lambda: uuid.UUID(JOB_ID + "0" * 20)))
-    mp.setattr(poprun_module, "token_source", types.SimpleNamespace(token_hex=lambda n: TOKEN))
+    composed.known_identity(mp, poprun_module, TOKEN)
     mp.setattr(poprun_module, "SSHLauncher",
                lambda hosts, **kw: recording_launcher("ssh", hosts, **kw))
-    mp.setenv("AIRFLOW_CONN_SSH_DEFAULT", json.dumps({"conn_type": "ssh", "host": "h",
-                                                      "login": "u"}))
+    composed.ssh_connections(mp, "SSH_DEFAULT")
     try:
         yield
     finally:
@@ -388,8 +384,8 @@ def check_operator(op: PopRunOperator, given_values: dict) -> None:
     except RingflowConfigException as exc:  # a value checked when the task runs
         _check_operator_refusal(str(exc), given_values)
         return
-    except Composed as composed:
-        sent = composed.sent
+    except Composed as stopped:
+        sent = stopped.sent
     else:
         assert op.dry_run is True and summary["dry_run"] is True, summary
     config = parse_config({n: given_values[n] for n in FIELD_NAMES if n in given_values})

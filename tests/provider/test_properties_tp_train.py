@@ -16,7 +16,6 @@ import contextlib
 import json
 import sys
 import types
-import uuid
 
 import pytest
 from hypothesis import example, given
@@ -49,12 +48,12 @@ from tests.hostile import (
     same_shape,
     text_or,
 )
+from tests.provider import composed
 from tests.provider.composed import SHIPPED, Composed, recording_launcher
 from tests.provider.contexts import TaskInstanceStub
 
 pytestmark = pytest.mark.slow
 
-JOB_ID = "0123456789ab"
 TOKEN = "cd" * 32
 PORT = 30000
 ARGUMENTS = (*SPEC_FIELDS, "nproc_per_host", "log_dir", "extra_env", "secret_env", "hosts",
@@ -139,16 +138,12 @@ def known_ids(home):
     """The job's id, token and ports as known values, so the expected commands are exact;
     the hosts recording; RINGFLOW_HOME `home`."""
     mp = pytest.MonkeyPatch()
-    mp.setattr(tp_module, "uuid", types.SimpleNamespace(
-        uuid4=lambda: uuid.UUID(JOB_ID + "0" * 20)))
-    mp.setattr(tp_module, "token_source", types.SimpleNamespace(token_hex=lambda n: TOKEN))
+    composed.known_identity(mp, tp_module, TOKEN)
     mp.setattr(tp_module, "get_launcher", recording_launcher)
     mp.setattr(ssh_module, "random", types.SimpleNamespace(
         Random=lambda: types.SimpleNamespace(randint=lambda a, b: PORT)))
     mp.setenv("RINGFLOW_HOME", str(home))
-    for conn_id in ("SSH_DEFAULT", "OTHER"):  # read for their allowed_hosts, never used
-        mp.setenv(f"AIRFLOW_CONN_{conn_id}", json.dumps({"conn_type": "ssh", "host": "h",
-                                                         "login": "u"}))
+    composed.ssh_connections(mp, "SSH_DEFAULT", "OTHER")  # read for their allowed_hosts, never used
     try:
         yield
     finally:
@@ -216,7 +211,7 @@ def check_start(sent, plan: dict, op: TPTrainOperator, launcher: str) -> None:
     plain, hidden = split_env(plan["extra"])
     env = {**plain, "PYTHONUNBUFFERED": "1",
            "RINGFLOW_HEARTBEAT_TIMEOUT": f"{plan['heartbeat']:g}",
-           "RINGFLOW_JOB_ID": JOB_ID, TASK_VAR: task.key}
+           "RINGFLOW_JOB_ID": composed.JOB_ID, TASK_VAR: task.key}
     if launcher != "local":
         env["PYTHONPATH"] = SHIPPED
     secrets = ["RINGFLOW_JOB_TOKEN", *hidden, *plan["secret"]]
@@ -242,7 +237,7 @@ def check_start(sent, plan: dict, op: TPTrainOperator, launcher: str) -> None:
         at = want.index(handle)
         assert at < len(got), "the shell text is shorter than the skeleton"
         values[handle] = got[at]
-        assert json.loads(got[at])["job_id"] == JOB_ID
+        assert json.loads(got[at])["job_id"] == composed.JOB_ID
         same_shape(got, want, values)
         assert set(json.loads(part.stdin)[ENV_KEY]) == set(secrets)
 
@@ -291,8 +286,8 @@ def check_operator(op: TPTrainOperator, values: dict) -> None:
         assert any(str(exc).startswith(f"ssh connection {conn_id!r} cannot be read: "
                                        "AirflowNotFoundException") for conn_id in unknown), exc
         return
-    except Composed as composed:
-        sent, files = composed.sent, composed.files
+    except Composed as stopped:
+        sent, files = stopped.sent, stopped.files
     else:
         raise AssertionError("execute neither refused nor started the job")
     check_start(sent, plan, op, plan["launcher"])

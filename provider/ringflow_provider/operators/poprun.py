@@ -5,22 +5,16 @@ output streamed into the task log, stopped when the task is killed."""
 from __future__ import annotations
 
 import secrets as token_source
-import shlex
 import time
 import uuid
-from collections import deque
 from collections.abc import Container
 from functools import cached_property
 from typing import Any, ClassVar
 
-from airflow.sdk.exceptions import AirflowSkipException
-from pydantic import TypeAdapter, ValidationError
-
-from ringflow.errors import ConfigError, LaunchError, RingflowError
+from ringflow.errors import LaunchError, RingflowError
 from ringflow_provider.exceptions import (
     RingflowConfigException,
     RingflowHostUnreachableException,
-    RingflowJobFailedException,
     RingflowJobKilledException,
     RingflowLaunchException,
     launch_exception,
@@ -30,22 +24,12 @@ from ringflow_provider.jobs.masking import Secrets
 from ringflow_provider.launchers import commands
 from ringflow_provider.launchers.base import STOP_BUDGET_S
 from ringflow_provider.launchers.job import JobHandle, TaskKey
-from ringflow_provider.launchers.lines import JobLine
 from ringflow_provider.launchers.mpirun import check_mpirun, same_runtime_path
 from ringflow_provider.launchers.ssh import SSHLauncher
 from ringflow_provider.operators.base import RingflowJobOperator
-from ringflow_provider.poprun import (
-    FIELD_NAMES,
-    PopRunConfig,
-    config_error_message,
-    launch_argv,
-    mask_argv,
-    parse_config,
-    secret_values,
-    validate_field,
-)
-from ringflow_provider.poprun.models import ALLOW_FIELDS, check_host
-from ringflow_provider.poprun.outcome import exit_problem
+from ringflow_provider.poprun import FIELD_NAMES, PopRunConfig, arguments, compose
+from ringflow_provider.poprun import report as poprun_report
+from ringflow_provider.poprun.models import ALLOW_FIELDS
 
 __all__ = ["CPU_POPRUN", "ON_KILL_BUDGET_S", "PopRunOperator"]
 
@@ -53,29 +37,6 @@ __all__ = ["CPU_POPRUN", "ON_KILL_BUDGET_S", "PopRunOperator"]
 CPU_POPRUN = "ringflow-poprun"
 ON_KILL_BUDGET_S = STOP_BUDGET_S
 KILL_GRACE_S = 5.0  # SIGTERM -> SIGKILL of poprun's process group when the job is stopped
-TAIL_LINES = 20
-
-_BOOL = TypeAdapter(bool)
-
-
-def _templated(value: Any) -> bool:
-    if isinstance(value, str):
-        return "{{" in value or "{%" in value
-    if isinstance(value, (list, tuple)):
-        return any(_templated(v) for v in value)
-    if isinstance(value, dict):
-        return any(_templated(k) or _templated(v) for k, v in value.items())
-    return False
-
-
-class _Tail:
-    """The last lines of a PopRun job's output (for a failure message)."""
-
-    def __init__(self) -> None:
-        self.lines: deque[str] = deque(maxlen=TAIL_LINES)
-
-    def feed(self, line: JobLine) -> None:
-        self.lines.append(line.text)
 
 
 class PopRunOperator(RingflowJobOperator):
@@ -212,7 +173,7 @@ class PopRunOperator(RingflowJobOperator):
         self.ringflow_job = ringflow_job
         self.conn_timeout = conn_timeout
         self.cmd_timeout = cmd_timeout
-        self.skip_on_exit_code = self._exit_codes(skip_on_exit_code)
+        self.skip_on_exit_code = arguments.exit_codes(skip_on_exit_code)
         self.remote_state_dir = remote_state_dir
         if remote_state_dir:
             try:
@@ -223,36 +184,10 @@ class PopRunOperator(RingflowJobOperator):
         self._sweep: tuple[str, str, list[str]] | None = None  # (python, job id, hosts)
         self._validate_literals()
 
-    @staticmethod
-    def _exit_codes(codes: int | Container[int] | None) -> frozenset[int]:
-        if codes is None:
-            return frozenset()
-        if isinstance(codes, int):
-            return frozenset({codes})
-        return frozenset(codes)  # type: ignore[arg-type]
-
     def _validate_literals(self) -> None:
         """Cheap parse-time check of the non-templated arguments (no I/O)."""
-        values = {name: getattr(self, name) for name in FIELD_NAMES}
         try:
-            for name in ALLOW_FIELDS:  # literal only: a template must not switch them on
-                if not isinstance(getattr(self, name), bool):
-                    raise ValueError(f"{name}: expected True or False (not templated), got "
-                                     f"{getattr(self, name)!r}")
-            if not any(_templated(v) for v in values.values()):
-                parse_config(self._values())
-            else:
-                for name, value in values.items():
-                    if not _templated(value):
-                        try:
-                            validate_field(name, value)
-                        except ValidationError as exc:  # names no field by itself
-                            raise ConfigError(config_error_message(exc, name)) from None
-            if self.launch_host and not _templated(self.launch_host):
-                try:
-                    check_host(self.launch_host.strip())
-                except ValueError as exc:
-                    raise ValueError(f"launch_host: {exc}") from None
+            arguments.check_literals(self._values(), self.launch_host)
         except (RingflowError, ValueError) as exc:
             message = self._given_secrets().mask(str(exc))
             raise RingflowConfigException(f"task {self.task_id!r}: {message}") from None
@@ -263,7 +198,7 @@ class PopRunOperator(RingflowJobOperator):
 
     def _given_secrets(self) -> Secrets:
         """The secret values among the arguments as they stand (maybe not valid yet)."""
-        return Secrets().add_env(self.extra_env).add_env(self.secret_env, all_secret=True)
+        return arguments.given_secrets(self.extra_env, self.secret_env)
 
     @cached_property
     def hook(self) -> MultiHostSSHHook:
@@ -272,23 +207,16 @@ class PopRunOperator(RingflowJobOperator):
     @staticmethod
     def _flag(name: str, value: bool | str) -> bool:
         try:
-            return _BOOL.validate_python(value)
-        except ValueError:
-            raise RingflowConfigException(f"{name}: expected a boolean, got {value!r}") \
-                from None
+            return arguments.to_bool(name, value)
+        except ValueError as exc:
+            raise RingflowConfigException(str(exc)) from None
 
     def _config(self) -> PopRunConfig:
         """The rendered arguments, validated; a bad value fails the task without retries."""
         try:
-            config = parse_config(self._values())
-            if self.launch_host:
-                try:
-                    check_host(self.launch_host.strip())
-                except ValueError as exc:
-                    raise ValueError(f"launch_host: {exc}") from None
+            return arguments.parse_arguments(self._values(), self.launch_host)
         except (RingflowError, ValueError) as exc:  # validation messages quote values
             raise RingflowConfigException(self._given_secrets().mask(str(exc))) from None
-        return config
 
     @property
     def _pgid(self) -> int | None:
@@ -309,7 +237,7 @@ class PopRunOperator(RingflowJobOperator):
         password = None
         if not self.dry_run:
             password = self.hook.get_connection(self.ssh_conn_id).password
-        secrets = secret_values(config, [password, token])
+        secrets = compose.secret_values(config, [password, token])
         self._secrets = Secrets(secrets)
         self._secrets.register()
         return secrets
@@ -325,15 +253,12 @@ class PopRunOperator(RingflowJobOperator):
             self._sweep = (config.python, job_vars["RINGFLOW_JOB_ID"], list(config.hosts))
             job_secrets = {"RINGFLOW_JOB_TOKEN": token_source.token_hex(32)}
         hidden = {**config.hidden_env(), **job_secrets}
-        argv = launch_argv(config, secret=list(job_secrets), plain=job_vars)
+        argv = compose.launch_argv(config, secret=list(job_secrets), plain=job_vars)
         secrets = self._collect_secrets(config, hidden.get("RINGFLOW_JOB_TOKEN"))
-        masked = mask_argv(argv, secrets)
-        summary: dict[str, Any] = {
-            "argv": masked, "num_instances": config.num_instances,
-            "num_replicas": config.num_replicas, "launch_host": launch_host,
-            "exit_code": None, "duration_s": 0.0, "dry_run": self.dry_run,
-        }
-        self._log_plan(config, launch_host, masked)
+        masked = compose.mask_argv(argv, secrets)
+        summary = poprun_report.summary(config, masked, launch_host, self.dry_run)
+        for text in poprun_report.plan_text(config, launch_host, masked):
+            self.log.info("%s", text)
         if self.dry_run:
             self.log.info("dry_run: validated and rendered only; nothing was started (with "
                           "dry_run False it runs on %s over SSH connection %r)", launch_host,
@@ -354,18 +279,6 @@ class PopRunOperator(RingflowJobOperator):
             raise launch_exception(exc, self._secrets.mask(str(exc))) from None
         finally:
             launcher.close()
-
-    def _log_plan(self, config: PopRunConfig, launch_host: str, masked: list[str]) -> None:
-        hosts = len(config.hosts)
-        self.log.info(
-            "PopRun job: %d instance(s) (%d per host on %d host%s: %s), %d replica(s) of %d "
-            "IPU(s), partition %r on V-IPU server %r", config.num_instances,
-            config.nproc_per_host, hosts, "" if hosts == 1 else "s", ",".join(config.hosts),
-            config.num_replicas, config.ipus_per_replica, config.ipu_partition,
-            config.vipu_server)
-        # One token per line, as the seed prints it; still a valid shell command.
-        self.log.info("PopRun command on %s:\n%s", launch_host,
-                      " \\\n    ".join(shlex.quote(token) for token in masked))
 
     def _start(self, context: Any, launcher: SSHLauncher, config: PopRunConfig,
                argv: list[str], launch_host: str, hidden: dict[str, str],
@@ -403,10 +316,10 @@ class PopRunOperator(RingflowJobOperator):
             extra={"launch_host": launch_host, "argv": masked, "sweep": self._sweep})
         return handle
 
-    def new_report(self) -> _Tail:
-        return _Tail()
+    def new_report(self) -> poprun_report.Tail:
+        return poprun_report.Tail()
 
-    def finish(self, context: Any, handle: JobHandle, report: _Tail,
+    def finish(self, context: Any, handle: JobHandle, report: poprun_report.Tail,
                finals: dict[str, dict[str, Any]]) -> dict[str, Any]:
         host = handle.extra.get("launch_host") or handle.parts[0].host
         final = finals.get(host, {})
@@ -428,9 +341,8 @@ class PopRunOperator(RingflowJobOperator):
         self._check_exit(exit_code if isinstance(exit_code, int) else -1, list(report.lines),
                          host, final)
         summary["exit_code"] = exit_code
-        started = getattr(self, "_run_started", None)
-        summary["duration_s"] = round(time.monotonic() - started, 3) if started else round(
-            max(0.0, (final.get("ended_at") or 0) - (final.get("started_at") or 0)), 3)
+        summary["duration_s"] = poprun_report.duration_s(getattr(self, "_run_started", None),
+                                                          final)
         self.log.info("PopRun job %s on %s succeeded after %.1f s", handle.task, host,
                       summary["duration_s"])
         return summary
@@ -438,12 +350,8 @@ class PopRunOperator(RingflowJobOperator):
     def _summary_of(self, handle: JobHandle) -> dict[str, Any]:
         """After a deferral the operator is new: the summary is made again from its
         arguments (as rendered for this run)."""
-        config = self._config()
-        masked = handle.extra.get("argv") or []
-        return {"argv": masked, "num_instances": config.num_instances,
-                "num_replicas": config.num_replicas,
-                "launch_host": handle.extra.get("launch_host"), "exit_code": None,
-                "duration_s": 0.0, "dry_run": False}
+        return poprun_report.summary(self._config(), handle.extra.get("argv") or [],
+                                     handle.extra.get("launch_host"), dry_run=False)
 
     def _sweep_segments(self, handle: JobHandle) -> None:
         """A ringflow job's shared memory that a crash left, removed on every host of it."""
@@ -466,12 +374,8 @@ class PopRunOperator(RingflowJobOperator):
             raise RingflowJobKilledException(
                 f"PopRun job {self._handle.task if self._handle else ''} on {host!r} was "
                 f"killed (on_kill)")
-        problem = exit_problem(exit_code, tail, host, final, self.skip_on_exit_code)
-        if problem is not None:
-            kind, message = problem
-            if kind == "skip":
-                raise AirflowSkipException(self._secrets.mask(message))
-            raise RingflowJobFailedException(self._secrets.mask(message), exit_code, host)
+        poprun_report.check_exit(exit_code, tail, host, final, self.skip_on_exit_code,
+                                 self._secrets.mask)
 
     def _stop_after_failure(self, handle: JobHandle, host: str) -> str:
         """A job outlives a failed stream (cmd_timeout, dropped link) and Airflow calls no

@@ -1,6 +1,8 @@
 """PopRun for PopRunOperator: the validated job (`models.PopRunConfig`) and the pure
 composition of poprun's command line from it (`compose`), as Paddle's IPU launch controller
-composes it."""
+composes it; the operator's arguments checked into it (`arguments`); what the task reports
+and how a job's end becomes the task's outcome (`outcome`, `report`: the one module here
+that raises Airflow's exceptions)."""
 
 from ringflow_provider.poprun.compose import (
     FIELD_NAMES,

@@ -10,16 +10,16 @@ every case.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 
-import ringflow as rf
+from tests.runtime.distributed import parity
 from tests.runtime.distributed.fleet_compat_cases import CONFIGS, cases
-from tests.runtime.distributed.test_tensor_parallel_parity import _gathered
-from tests.runtime.distributed.tp_cases import GLOBAL_BATCH, SEED, STEPS, build_programs
+from tests.runtime.distributed.tp_cases import build_programs
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
-ENV = {"RINGFLOW_COMM_TIMEOUT": "60", "RINGFLOW_RENDEZVOUS_TIMEOUT": "60"}
 PAIRS = [(config, case) for config in CONFIGS for case in cases(*config)]
 APPLIED = {"hybrid": {1: ["GraphExecutionOptimizer"], 2: ["TensorParallelOptimizer"]},
            "sharding": {1: ["ShardingOptimizer"], 2: ["ShardingOptimizer"]},
@@ -30,46 +30,24 @@ APPLIED = {"hybrid": {1: ["GraphExecutionOptimizer"], 2: ["TensorParallelOptimiz
 
 @pytest.fixture(scope="module")
 def serial():
-    """case key -> (per-step losses, final parameters) of one process, one step per batch."""
-    results = {}
-    for case in {c.key: c for _, c in PAIRS}.values():
-        main, startup, model = build_programs(case, mp_degree=1)
-        scope, exe = rf.Scope(), rf.Executor()
-        exe.run(startup, scope=scope)
-        losses = [float(exe.run(main, feed=model.make_batch(SEED, step, GLOBAL_BATCH),
-                                fetch_list=[model.loss], scope=scope)[0].reshape(-1)[0])
-                  for step in range(STEPS)]
-        results[case.key] = (np.array(losses),
-                             {p.name: np.array(scope[p.name]) for p in main.all_parameters()})
-    return results
+    """case key -> one process's per-step losses and parameters, one step per batch."""
+    return parity.train_each({c.key: c for _, c in PAIRS}.values(),
+                             lambda case: build_programs(case, mp_degree=1))
 
 
 @pytest.fixture(scope="module")
 def parallel(tmp_path_factory):
-    from tests.runtime.distributed.spawn import Spawner
-
-    cache: dict = {}
-
+    @functools.cache
     def get(config) -> list[dict]:
-        if config not in cache:
-            world, mp = config
-            hosts = [f"127.0.0.{1 + r * 2 // world}" for r in range(world)]
-            ranks: list[dict] = [{} for _ in range(world)]
-            kinds = ["others"] + ["sharding"] * any(c.form == "sharding" for c in cases(*config))
-            for kind in kinds:
-                tmp = tmp_path_factory.mktemp(f"compat{world}x{mp}{kind}")
-                spawner = Spawner(tmp)
-                try:
-                    job = spawner("fleet_compat.py", world, args=[str(mp), kind], env=ENV,
-                                  hosts=hosts)
-                    assert job.wait(timeout=300) == [0] * world, job.output()
-                    assert job.shm_segments() == []
-                finally:
-                    spawner.close()
-                for r in range(world):
-                    ranks[r].update(np.load(tmp / f"rank{r}.npz"))
-            cache[config] = ranks
-        return cache[config]
+        world, mp = config
+        ranks: list[dict] = [{} for _ in range(world)]
+        kinds = ["others"] + ["sharding"] * any(c.form == "sharding" for c in cases(*config))
+        for kind in kinds:
+            found = parity.run_ranks(tmp_path_factory.mktemp(f"compat{world}x{mp}{kind}"),
+                                     "fleet_compat.py", world, [str(mp), kind], 2, timeout=300)
+            for rank, results in zip(ranks, found):
+                rank.update(results)
+        return ranks
 
     return get
 
@@ -94,7 +72,7 @@ def test_per_step_losses_equal_one_process(serial, parallel, config, case):
     ranks = parallel(config)
     per_rank = np.array([r[f"{case.key}|loss"] for r in ranks])   # rank x step x micro
     losses = per_rank[::mp].mean(axis=(0, 2))
-    np.testing.assert_allclose(losses, serial[case.key][0], **case.tolerance("loss"))
+    np.testing.assert_allclose(losses, serial[case.key].losses, **case.tolerance("loss"))
 
 
 @pytest.mark.parametrize("config, case", PAIRS, ids=[_ids(p) for p in PAIRS])
@@ -102,11 +80,7 @@ def test_final_parameters_equal_one_process_and_replicas_are_identical(
         serial, parallel, config, case):
     world, mp = config
     ranks = parallel(config)
-    for name, whole in serial[case.key][1].items():
-        replicas = [_gathered(ranks, case, "final", name, g, mp) for g in range(world // mp)]
-        for replica in replicas[1:]:
-            np.testing.assert_array_equal(replica, replicas[0], err_msg=name)
-        np.testing.assert_allclose(replicas[0], whole, err_msg=name, **case.tolerance("params"))
+    parity.check_final(ranks, case, serial[case.key].final, world, mp)
 
 
 @pytest.mark.parametrize("find_unused", ["0", "1"])
@@ -115,16 +89,8 @@ def test_a_parameter_without_gradient_does_not_hang_data_parallel_training(tmp_p
     """find_unused_parameters either way: a parameter the loss does not use has no gradient
     on any rank, so no all-reduce waits for it; the job ends, the parameter keeps its start
     value and the replicas agree."""
-    from tests.runtime.distributed.spawn import Spawner
-
-    spawner = Spawner(tmp_path)
-    try:
-        job = spawner("unused_param.py", 2, args=[find_unused, "unset"], env=ENV,
-                      hosts=["127.0.0.1", "127.0.0.2"])
-        assert job.wait(timeout=120) == [0, 0], job.output()
-    finally:
-        spawner.close()
-    ranks = [dict(np.load(tmp_path / f"rank{r}.npz")) for r in range(2)]
+    ranks = parity.run_ranks(tmp_path, "unused_param.py", 2, [find_unused, "unset"], 2,
+                             timeout=120, check_shm=False)
     for rank in ranks:
         np.testing.assert_array_equal(rank["unused"], rank["start"])
     np.testing.assert_array_equal(ranks[0]["used"], ranks[1]["used"])
@@ -135,20 +101,10 @@ def test_a_parameter_without_gradient_does_not_hang_data_parallel_training(tmp_p
 def four_ranks(tmp_path_factory):
     """hierarchical ("on", "off", "unset") -> the ranks' results of a data-parallel job of 4
     ranks on two hosts (two ranks each)."""
-    from tests.runtime.distributed.spawn import Spawner
-
-    found = {}
-    for hierarchical in ("on", "off", "unset"):
-        tmp = tmp_path_factory.mktemp(f"hier-{hierarchical}")
-        spawner = Spawner(tmp)
-        try:
-            job = spawner("unused_param.py", 4, args=["0", hierarchical], env=ENV,
-                          hosts=["127.0.0.1"] * 2 + ["127.0.0.2"] * 2)
-            assert job.wait(timeout=120) == [0] * 4, job.output()
-        finally:
-            spawner.close()
-        found[hierarchical] = [dict(np.load(tmp / f"rank{r}.npz")) for r in range(4)]
-    return found
+    return {hierarchical: parity.run_ranks(tmp_path_factory.mktemp(f"hier-{hierarchical}"),
+                                           "unused_param.py", 4, ["0", hierarchical], 2,
+                                           timeout=120, check_shm=False)
+            for hierarchical in ("on", "off", "unset")}
 
 
 @pytest.mark.parametrize("hierarchical, algorithm", [("on", "two-level"), ("off", "ring"),

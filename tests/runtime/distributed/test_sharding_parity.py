@@ -12,58 +12,32 @@ Each configuration starts its processes once; they train every case.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 
-import ringflow as rf
+from tests.runtime.distributed import parity
 from tests.runtime.distributed.sharding_cases import CASES, CONFIGS, META_CASES, META_CONFIGS
-from tests.runtime.distributed.test_tensor_parallel_parity import _gathered, _serial_build
-from tests.runtime.distributed.tp_cases import GLOBAL_BATCH, SEED, STEPS
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
-ENV = {"RINGFLOW_COMM_TIMEOUT": "60", "RINGFLOW_RENDEZVOUS_TIMEOUT": "60"}
-PAIRS = ([(config, case) for config in CONFIGS for case in CASES]
-         + [(config, case) for config in META_CONFIGS for case in META_CASES])
+PAIRS = parity.pairs(CONFIGS, CASES, META_CONFIGS, META_CASES)
 
 
 @pytest.fixture(scope="module")
 def serial():
-    """case key -> (losses, final parameters, optimizer-state bytes) of one process."""
-    results = {}
-    for case in CASES + META_CASES:
-        main, startup, model = _serial_build(case)
-        scope, exe = rf.Scope(), rf.Executor()
-        exe.run(startup, scope=scope)
-        losses = [float(exe.run(main, feed=model.make_batch(SEED, step, GLOBAL_BATCH),
-                                fetch_list=[model.loss], scope=scope)[0].reshape(-1)[0])
-                  for step in range(STEPS)]
-        names = [p.name for p in main.all_parameters()]
-        results[case.key] = (np.array(losses), {n: np.array(scope[n]) for n in names})
-    return results
+    """case key -> one process's losses and parameters."""
+    return parity.train_each(CASES + META_CASES)
 
 
 @pytest.fixture(scope="module")
 def parallel(tmp_path_factory):
-    from tests.runtime.distributed.spawn import Spawner
-
-    cache: dict = {}
-
+    @functools.cache
     def get(config) -> list[dict]:
-        if config not in cache:
-            world, mp, stage, nhosts = config
-            tmp = tmp_path_factory.mktemp(f"shard{world}x{mp}s{stage}")
-            hosts = [f"127.0.0.{1 + r * nhosts // world}" for r in range(world)]
-            spawner = Spawner(tmp)
-            try:
-                job = spawner("sharding_parity.py", world, args=[str(mp), str(stage),
-                                                                 str(nhosts)],
-                              env=ENV, hosts=hosts)
-                assert job.wait(timeout=300) == [0] * world, job.output()
-                assert job.shm_segments() == []
-            finally:
-                spawner.close()
-            cache[config] = [dict(np.load(tmp / f"rank{r}.npz")) for r in range(world)]
-        return cache[config]
+        world, mp, stage, nhosts = config
+        return parity.run_ranks(tmp_path_factory.mktemp(f"shard{world}x{mp}s{stage}"),
+                                "sharding_parity.py", world,
+                                [str(mp), str(stage), str(nhosts)], nhosts, timeout=300)
 
     return get
 
@@ -81,7 +55,7 @@ def test_per_step_losses_equal_one_process_and_are_bitwise_equal_on_every_rank(
     losses = np.array([r[f"{case.key}|loss"] for r in ranks])
     for r in range(1, len(ranks)):
         np.testing.assert_array_equal(losses[r], losses[0])
-    np.testing.assert_allclose(losses[0], serial[case.key][0], **case.tolerance("loss"))
+    np.testing.assert_allclose(losses[0], serial[case.key].losses, **case.tolerance("loss"))
 
 
 @pytest.mark.parametrize("config, case", PAIRS, ids=[_ids(p) for p in PAIRS])
@@ -89,11 +63,7 @@ def test_final_parameters_gathered_equal_one_process_and_replicas_are_identical(
         serial, parallel, config, case):
     world, mp, _, _ = config
     ranks = parallel(config)
-    for name, whole in serial[case.key][1].items():
-        replicas = [_gathered(ranks, case, "final", name, g, mp) for g in range(world // mp)]
-        for replica in replicas[1:]:
-            np.testing.assert_array_equal(replica, replicas[0], err_msg=name)
-        np.testing.assert_allclose(replicas[0], whole, err_msg=name, **case.tolerance("params"))
+    parity.check_final(ranks, case, serial[case.key].final, world, mp)
 
 
 @pytest.mark.parametrize("config", [c for c in CONFIGS if c[2] > 0],
@@ -145,7 +115,7 @@ def serial_state():
     serial programs (names are the same at every degree)."""
     found = {}
     for case in CASES:
-        main, _, _ = _serial_build(case)
+        main, _, _ = parity.serial_build(case)
         block = main.global_block()
         params = [p.name for p in main.all_parameters()]
         state = [v for v in block.vars.values() if v.persistable and v.name not in params]

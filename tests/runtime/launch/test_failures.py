@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests import procs
+
 from .conftest import wait_for
 
 pytestmark = pytest.mark.timeout(60)
@@ -30,14 +32,6 @@ SLEEPER = """
     print("ready", flush=True)
     time.sleep(1000)
 """
-
-
-def alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rfind(")") + 2] not in "ZX"
 
 
 def wait_ready(launcher, ranks) -> list[int]:
@@ -173,7 +167,7 @@ def test_a_signal_to_the_launcher_stops_every_rank_and_their_children(launcher, 
     assert done.returncode == 128 + sig
     assert f"the launcher received {sig.name}; stopping all ranks" in done.stdout
     assert done.result["status"] == "stopped"
-    assert [p for p in pids if alive(p)] == []
+    assert procs.alive(pids) == []
 
 
 @pytest.mark.multiproc
@@ -188,7 +182,7 @@ def test_a_second_signal_to_the_launcher_kills_at_once_without_the_grace(launche
     assert done.returncode == 128 + signal.SIGTERM  # the first signal is the cause
     assert "signalled again: killing all ranks now" in done.stdout
     assert [r["signal"] for r in done.result["ranks"]] == ["SIGKILL", "SIGKILL"]
-    assert [p for p in pids if alive(p)] == []
+    assert procs.alive(pids) == []
 
 
 @pytest.mark.multiproc
@@ -200,7 +194,7 @@ def test_a_sigkilled_launcher_takes_its_workers_their_children_and_shm_with_it(l
     segment.write_bytes(b"left by a rank")
     proc.kill()
     proc.communicate(timeout=10)
-    wait_for(lambda: not any(alive(p) for p in pids), 10.0, "workers and children to die")
+    wait_for(lambda: not procs.alive(pids), 10.0, "workers and children to die")
     wait_for(lambda: not segment.exists(), 10.0, f"{segment} to be removed")
 
 
@@ -249,7 +243,7 @@ def test_a_daemonized_descendant_that_left_its_group_is_killed_at_the_end(launch
     assert done.returncode == 0, done.stdout + done.stderr
     daemon = int((launcher.dir / "daemon.pid").read_text())
     assert "left its process group" in done.stdout
-    wait_for(lambda: not alive(daemon), 5.0, "the daemon to die")
+    wait_for(lambda: not procs.alive([daemon]), 5.0, "the daemon to die")
 
 
 @pytest.mark.multiproc

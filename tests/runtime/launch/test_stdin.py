@@ -16,6 +16,7 @@ import pytest
 from ringflow.errors import ConfigError
 from ringflow.launch.config import parse_launch_args
 from ringflow.launch.stdin import encode_secrets, parse_secrets
+from tests import procs
 
 from .conftest import wait_for
 
@@ -48,14 +49,6 @@ HOLDER = """
     os.rename(f"pids.{rank}.tmp", f"pids.{rank}")
     time.sleep(1000)
 """
-
-
-def alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rfind(")") + 2] not in "ZX"
 
 
 def cmdlines_holding(values: list[str]) -> list[str]:
@@ -156,7 +149,7 @@ def test_the_end_of_stdin_stops_every_rank_and_removes_the_jobs_segments(launche
     assert done.returncode == 129, done.stdout + done.stderr
     # The ranks end on SIGTERM at once; SIGKILL would come after the 5 s grace.
     assert stopped_s < 5.0 + 3.0, f"took {stopped_s:.1f} s"
-    assert [pid for pid in pids if alive(pid)] == []
+    assert procs.alive(pids) == []
     assert done.lines("[launch] stdin") == [
         " closed: whoever started this launcher with --stdin is gone; stopping all ranks"]
     result = done.result

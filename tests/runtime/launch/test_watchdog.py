@@ -74,15 +74,6 @@ def job():
         above.stdout.close()
 
 
-def wait_until(predicate, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
-
-
 def test_a_sigkilled_owner_leaves_no_group_and_no_marked_process_but_spares_those_above(job):
     above, pids, value = job(release=False)
     dog = pids["watchdog"]
@@ -90,14 +81,14 @@ def test_a_sigkilled_owner_leaves_no_group_and_no_marked_process_but_spares_thos
     assert value.encode() not in Path(f"/proc/{dog}/environ").read_bytes()
     assert live_groups([pids["group"]]) == {pids["group"]} and procs.alive([pids["marked"]])
     os.kill(pids["owner"], signal.SIGKILL)
-    assert wait_until(lambda: not live_groups([pids["group"]]), 15), "the group outlived it"
-    assert wait_until(lambda: not procs.alive([pids["marked"], dog]), 15)
+    assert procs.eventually(lambda: not live_groups([pids["group"]]), 15), "the group outlived it"
+    assert procs.eventually(lambda: not procs.alive([pids["marked"], dog]), 15)
     assert procs.alive([above.pid]) == [above.pid]  # marked, but above the watchdog
 
 
 def test_after_done_the_watchdog_exits_and_stops_nothing(job):
     _, pids, _ = job(release=True)
-    assert wait_until(lambda: not procs.alive([pids["watchdog"]]), 10)
+    assert procs.eventually(lambda: not procs.alive([pids["watchdog"]]), 10)
     os.kill(pids["owner"], signal.SIGKILL)
     time.sleep(GRACE_S + 1)  # the grace a watchdog would have given them
     assert live_groups([pids["group"]]) == {pids["group"]}

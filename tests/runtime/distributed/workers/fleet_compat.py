@@ -14,8 +14,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[4]))  # the repository r
 import numpy as np
 from tests.runtime.distributed.fleet_compat_cases import cases, micro_rows
 from tests.runtime.distributed.tp_cases import GLOBAL_BATCH, SEED, STEPS, build_programs
+from tests.runtime.distributed.workers.parity_start import keep_final, start
 
-import ringflow as rf
 from ringflow.distributed import fleet
 
 
@@ -25,14 +25,7 @@ def train(case, mp: int, out: dict) -> None:
         opt, case.paddle_strategy(world, mp)))
     out[f"{case.key}|applied"] = np.array(fleet._get_applied_meta_list()
                                           + fleet._get_applied_graph_list(), dtype=str)
-    rf.verify(main)
-    rf.verify(startup)
-    scope, exe = rf.Scope(), rf.Executor()
-    exe.run(startup, scope=scope)
-    params = [p.name for p in main.all_parameters()]
-    for name in params:
-        axis = main.global_block().var(name).split_axis
-        out[f"{case.key}|axis|{name}"] = np.array(-1 if axis is None else axis)
+    scope, exe, params = start(case, main, startup, out)
     dp = world // mp
     dp_rank = fleet.worker_index() // mp
     losses = []
@@ -44,8 +37,7 @@ def train(case, mp: int, out: dict) -> None:
                             fetch_list=[model.loss], scope=scope)
             losses.append(float(loss.reshape(-1)[0]))
     out[f"{case.key}|loss"] = np.array(losses).reshape(STEPS, case.micro_steps)
-    for name in params:
-        out[f"{case.key}|final|{name}"] = np.array(scope[name])
+    keep_final(case, scope, params, out)
 
 
 def main() -> None:

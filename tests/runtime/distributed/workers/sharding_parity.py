@@ -15,6 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[4]))  # the repository r
 import numpy as np
 from tests.runtime.distributed.sharding_cases import CASES, META_CASES, META_CONFIGS, distributed
 from tests.runtime.distributed.tp_cases import GLOBAL_BATCH, SEED, STEPS, build_programs, rows
+from tests.runtime.distributed.workers.parity_start import keep_final, start
 
 import ringflow as rf
 from ringflow.distributed import fleet, get_ring
@@ -46,14 +47,7 @@ def shared_layout(exe, scope, params: list[str]) -> bool:
 
 def train(case, mp: int, stage: int, out: dict) -> None:
     main, startup, model = build_programs(case, mp, distributed(case, mp, stage))
-    rf.verify(main)
-    rf.verify(startup)
-    scope, exe = rf.Scope(), rf.Executor()
-    exe.run(startup, scope=scope)
-    params = [p.name for p in main.all_parameters()]
-    for name in params:
-        axis = main.global_block().var(name).split_axis
-        out[f"{case.key}|axis|{name}"] = np.array(-1 if axis is None else axis)
+    scope, exe, params = start(case, main, startup, out)
     dp = fleet.worker_num() // mp
     mine = rows(fleet.worker_index() // mp, dp)
     losses = []
@@ -70,8 +64,7 @@ def train(case, mp: int, stage: int, out: dict) -> None:
     state = state_arrays(main, scope)
     out[f"{case.key}|state_names"] = np.array(sorted(state), dtype=str)
     out[f"{case.key}|state_bytes"] = np.array([state[n] for n in sorted(state)], dtype=np.int64)
-    for name in params:
-        out[f"{case.key}|final|{name}"] = np.array(scope[name])
+    keep_final(case, scope, params, out)
 
 
 def main() -> None:

@@ -23,23 +23,17 @@ from tests.runtime.distributed.tp_cases import (
     build_programs,
     rows,
 )
+from tests.runtime.distributed.workers.parity_start import keep_final, start
 
-import ringflow as rf
 from ringflow.distributed import fleet, get_ring
 
 
 def train(case, mp: int, out: dict) -> None:
     main, startup, model = build_programs(
         case, mp, lambda opt, model: fleet.distributed_optimizer(opt, case.strategy(model, mp)))
-    rf.verify(main)
-    rf.verify(startup)
-    scope, exe = rf.Scope(), rf.Executor()
-    exe.run(startup, scope=scope)
-    params = [p.name for p in main.all_parameters()]
+    scope, exe, params = start(case, main, startup, out)
     for name in params:
         out[f"{case.key}|init|{name}"] = np.array(scope[name])
-        axis = main.global_block().var(name).split_axis
-        out[f"{case.key}|axis|{name}"] = np.array(-1 if axis is None else axis)
     dp = fleet.worker_num() // mp
     mine = rows(fleet.worker_index() // mp, dp)
     losses = []
@@ -52,8 +46,7 @@ def train(case, mp: int, out: dict) -> None:
             loss /= dp
         losses.append(float(loss.reshape(-1)[0]))
     out[f"{case.key}|loss"] = np.array(losses)
-    for name in params:
-        out[f"{case.key}|final|{name}"] = np.array(scope[name])
+    keep_final(case, scope, params, out)
 
 
 def main() -> None:
