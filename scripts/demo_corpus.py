@@ -1,7 +1,8 @@
-"""Writes the example DAG's text corpus, dags/data/ringflow_corpus.txt: the project's own
-README.md and the sources of its training runtime (provider/ringflow/train/*.py), joined
-in that order. The file is checked in, so the corpus (and what the demo's model reaches on
-it) stays the same while the README and the sources change; run this to renew it.
+"""Writes the example DAG's text corpus (package data of the example DAGs,
+provider/ringflow_provider/example_dags/data/ringflow_corpus.txt): the project's own README.md
+and the sources of its training runtime (provider/ringflow/train/*.py), joined in that order.
+The file is checked in, so the corpus (and what the demo's model reaches on it) stays the same
+while the README and the sources change; run this to renew it.
 
     python scripts/demo_corpus.py
 """
@@ -14,7 +15,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 SOURCES = ["README.md", *sorted(str(p.relative_to(REPO))
                                 for p in (REPO / "provider/ringflow/train").glob("*.py"))]
-CORPUS = REPO / "dags" / "data" / "ringflow_corpus.txt"
+CORPUS = REPO / "provider" / "ringflow_provider" / "example_dags" / "data" / "ringflow_corpus.txt"
 
 
 def build() -> str:

@@ -1,9 +1,9 @@
 """The docs' argument tables, made from the code (an MkDocs hook, also imported by the tests).
 
-A page says `<!-- arguments: tp_train -->` (or `poprun`, `job_spec`) on a line of its own and
-the build puts the table there: every `__init__` argument of the operator (its own and
-`RingflowJobOperator`'s) with its type and default from the signature, "templated" from the
-class's `template_fields`, and the rule from the `:param name:` line of the docstrings; the
+A page says `<!-- arguments: tp_train -->` (or `poprun`, `tp_evaluate`, `job_spec`) on a line
+of its own and the build puts the table there: every `__init__` argument of the operator (its
+own and `RingflowJobOperator`'s) with its type and default from the signature, "templated" from
+the class's `template_fields`, and the rule from the `:param name:` line of the docstrings; the
 job spec's fields from `JobSpec`'s dataclass fields and `FIELD_DOCS`. An argument without a
 `:param:` line has no row to write and fails the build.
 """
@@ -29,7 +29,8 @@ class MissingDocs(Exception):
 
 # a page's `<!-- arguments: NAME -->` -> the operator whose table it gets
 OPERATORS = {"tp_train": "ringflow_provider.operators.tp_train:TPTrainOperator",
-             "poprun": "ringflow_provider.operators.poprun:PopRunOperator"}
+             "poprun": "ringflow_provider.operators.poprun:PopRunOperator",
+             "tp_evaluate": "ringflow_provider.operators.tp_evaluate:TPEvaluateOperator"}
 
 
 def _operator(name: str) -> type:

@@ -48,10 +48,15 @@ def test_the_site_builds_with_warnings_as_errors(tmp_path):
     tp = (tmp_path / "site/operators/tp-train.html").read_text()
     # the generated table reached the page: an argument of the base class, and the job spec's
     assert "heartbeat_timeout" in tp and "on_existing" in tp and "gradient_accumulation" in tp
+    # the data/evaluation fields reached the job spec table and TPEvaluateOperator's page
+    assert all(f"<code>{f}</code>" in tp for f in (
+        "tokenizer", "validation_fraction", "eval_data", "eval_every", "ship_data"))
+    ev = (tmp_path / "site/operators/tp-evaluate.html").read_text()
+    assert "<code>fail_if</code>" in ev and "<code>max_new_tokens</code>" in ev
     assert (tmp_path / "site/benchmarks/allreduce-n2.png").stat().st_size > 0
 
 
-@pytest.mark.parametrize("name", ["tp_train", "poprun"])
+@pytest.mark.parametrize("name", ["tp_train", "poprun", "tp_evaluate"])
 def test_every_init_argument_has_a_row_saying_whether_it_is_templated(name):
     tables = _tables()
     cls = tables._operator(name)
@@ -65,7 +70,10 @@ def test_every_init_argument_has_a_row_saying_whether_it_is_templated(name):
     assert set(rows) == arguments
     assert {a for a, templated in rows.items() if templated == "yes"} == (
         arguments & set(cls.template_fields))
-    assert rows["allow_unsafe_env"] == "no" and rows["hosts"] == "yes"
+    if name == "tp_evaluate":
+        assert rows["timeout"] == "no" and rows["fail_if"] == rows["checkpoint"] == "yes"
+    else:
+        assert rows["allow_unsafe_env"] == "no" and rows["hosts"] == "yes"
 
 
 def test_an_argument_without_a_param_line_fails_the_table():
@@ -96,6 +104,8 @@ def test_the_operator_pages_carry_the_tables():
     assert "<!-- arguments: tp_train -->" in (REPO / "docs/operators/tp-train.md").read_text()
     assert "<!-- arguments: job_spec -->" in (REPO / "docs/operators/tp-train.md").read_text()
     assert "<!-- arguments: poprun -->" in (REPO / "docs/operators/poprun.md").read_text()
+    assert "<!-- arguments: tp_evaluate -->" in (
+        REPO / "docs/operators/tp-evaluate.md").read_text()
 
 
 def test_the_dag_snippets_import_with_a_dagbag(tmp_path):

@@ -31,6 +31,8 @@ from tests.provider.test_tp_train_operator import shm_left
 
 pytestmark = [pytest.mark.airflow, pytest.mark.multiproc]
 DAG_ID = "ringflow_tp_train"
+#: the example DAGs and their corpus, inside the package (dags/ imports them)
+EXAMPLES = REPO / "provider" / "ringflow_provider" / "example_dags"
 
 
 def airflow(*args: str, mark: str, timeout: float = 180,
@@ -102,6 +104,13 @@ def test_the_example_dag_has_typed_params_in_sections_and_declares_its_asset():
 
     bag = DagBag(dag_folder=str(REPO / "dags"))
     assert bag.import_errors == {}
+    # the DAGs live in the package; dags/ imports them, and Airflow files them under dags/
+    # (the file a worker parses again to run a task)
+    assert {dag_id: Path(d.fileloc).relative_to(REPO).as_posix()
+            for dag_id, d in bag.dags.items()} == {
+        DAG_ID: "dags/ringflow_tp_train.py",
+        "ringflow_tp_train_evaluate": "dags/ringflow_tp_train.py",
+        "ringflow_poprun": "dags/ringflow_poprun.py"}
     dag = bag.dags[DAG_ID]
     (task,) = dag.tasks
     assert (task.task_id, type(task).__name__, task.retries) == ("train", "TPTrainOperator", 1)
@@ -135,7 +144,7 @@ def test_the_example_dag_has_typed_params_in_sections_and_declares_its_asset():
     downstream = bag.dags["ringflow_tp_train_evaluate"]
     assert list(downstream.timetable.asset_condition.objects) == task.outlets
     # the transformer learns the checked-in corpus (5 % held out), the MLP its synthetic data
-    corpus = str(REPO / "dags" / "data" / "ringflow_corpus.txt")
+    corpus = str(EXAMPLES / "data" / "ringflow_corpus.txt")
     for model, data, fraction in (("transformer", corpus, "0.05"), ("mlp", "synthetic", "0")):
         context = {"params": {"model": model}}
         assert task.render_template(task.data, context, dag.get_template_env()) == data
@@ -147,6 +156,30 @@ def test_the_example_dag_has_typed_params_in_sections_and_declares_its_asset():
     assert find.inlets == task.outlets and evaluate.upstream_task_ids == {"find_model"}
     assert (evaluate.fail_if, evaluate.prompt, evaluate.max_new_tokens) == (
         {"val_loss": {"gt": 2.5}}, "The operator ", 200)
+
+
+def test_the_example_dags_and_their_corpus_are_in_the_package():
+    """As providers ship theirs: the modules in ringflow_provider.example_dags, the corpus
+    declared as package data (setup.cfg) beside them and found there by the DAG, and dags/
+    one import each (with the words Airflow's safe mode looks for in a DAG file)."""
+    from fnmatch import fnmatch
+
+    from setuptools.config.setupcfg import read_configuration
+
+    from ringflow_provider.example_dags import ringflow_tp_train
+
+    declared = read_configuration(str(REPO / "setup.cfg"))["options"]["package_data"]
+    assert any(fnmatch("data/ringflow_corpus.txt", pattern)
+               for pattern in declared["ringflow_provider.example_dags"])
+    assert Path(ringflow_tp_train.CORPUS) == EXAMPLES / "data" / "ringflow_corpus.txt"
+    assert Path(ringflow_tp_train.CORPUS).stat().st_size > 300_000
+    for name in ("ringflow_tp_train", "ringflow_poprun"):
+        assert (EXAMPLES / f"{name}.py").is_file()
+        lines = [line for line in (REPO / "dags" / f"{name}.py").read_text().splitlines()
+                 if line.startswith(("from ", "import "))]
+        assert [line.split(" import ")[0] for line in lines] == [
+            f"from ringflow_provider.example_dags.{name}"]
+        assert "airflow" in (REPO / "dags" / f"{name}.py").read_text().lower()
 
 
 def unigram_entropy(text: str) -> float:
@@ -171,7 +204,7 @@ def test_the_demo_transformer_learns_the_corpus_and_the_evaluate_dag_gates_and_w
     on the corpus reaches a validation loss well below the corpus's unigram entropy (<= 0.8
     x); the evaluate DAG, started by hand, takes the Asset's newest event, evaluates that
     checkpoint to the job's validation loss, passes its gate and writes the text."""
-    corpus = (REPO / "dags" / "data" / "ringflow_corpus.txt").read_text(encoding="utf-8")
+    corpus = (EXAMPLES / "data" / "ringflow_corpus.txt").read_text(encoding="utf-8")
     entropy = unigram_entropy(corpus)
     assert 3.3 < entropy < 3.6, entropy                    # 3.446 nats per character
     out = airflow("dags", "test", DAG_ID, mark=mark, timeout=400)

@@ -145,7 +145,9 @@ def example_dag(monkeypatch, **variables):
     """The example DAG as parsed with these Airflow Variables set (JSON text)."""
     for key, value in variables.items():
         monkeypatch.setenv(f"AIRFLOW_VAR_{key.upper()}", json.dumps(value))
-    return runpy.run_path(str(REPO / "dags" / "ringflow_tp_train.py"))["dag"]
+    # the module itself, run afresh (dags/ringflow_tp_train.py imports it once per process)
+    return runpy.run_path(str(REPO / "provider/ringflow_provider/example_dags/ringflow_tp_train.py")
+                          )["dag"]
 
 
 def conf_refused(dag, **conf) -> str | None:
