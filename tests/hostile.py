@@ -17,11 +17,14 @@ import re
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 
-#: 10,000 generated inputs per entry point (PROPS_N=<n> for fewer while working on a
-#: test), the same ones on every run (CI is reproducible)
+#: 1,000 generated inputs per entry point in `make test` (the same ones on every run: CI is
+#: reproducible); PROPS_N=10000 for the full depth. At 10,000 the six property tests take
+#: 12 min of the suite on the 2-core machine (measured 2026-12-03: 718 s of 1,721 s), which
+#: would put `make test` past its 20-minute budget; run them at 10,000 before a release or
+#: after changing an entry point's rules (they passed at 10,000 on 2026-12-03)
 #: and no .hypothesis folder; the suite's autouse fixtures (fresh default programs) do not
 #: touch what these tests check, so their function scope is harmless here
-PROPERTY_SETTINGS = settings(max_examples=int(os.environ.get("PROPS_N", 10_000)),
+PROPERTY_SETTINGS = settings(max_examples=int(os.environ.get("PROPS_N", 1_000)),
                              deadline=None, derandomize=True,
                              database=None, print_blob=False,
                              # no explain phase: it traces every line (slow before 3.12)

@@ -1,7 +1,7 @@
 """Launchers whose hosts only record: what an operator's `execute` would send to each host
 (the start command, its stdin line, the files it writes), without SSH or processes.
 
-The property tests run 10,000 generated argument sets per operator; a real host per example
+The property tests run thousands of argument sets per operator; a real host per example
 cannot fit in the suite's time, so the hosts' side alone is a stand-in here: every command the
 launcher composes is the real one (`Launcher.start`, `launchers.commands`), and the job stops
 right after it is composed (`Composed` carries what was sent). The same commands run on real

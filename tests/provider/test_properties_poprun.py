@@ -1,4 +1,4 @@
-"""Property: whatever PopRunOperator is given (10,000 generated argument sets, hostile and
+"""Property: whatever PopRunOperator is given (generated argument sets, hostile and
 valid), it either refuses them with RingflowConfigException naming the argument, or the
 command it sends to the launch host adds nothing: the shell text is the skeleton with each
 value inside one word at its place, poprun's argv is the seed's with the values at their

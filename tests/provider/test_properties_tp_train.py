@@ -1,4 +1,4 @@
-"""Property: whatever TPTrainOperator is given (10,000 generated argument sets: the job spec,
+"""Property: whatever TPTrainOperator is given (generated argument sets: the job spec,
 the hosts and their interpreter, the launcher, ports, folders, variables; hostile and
 valid), it either refuses them with RingflowConfigException naming the argument (never an
 error from inside, such as a KeyError, shown as one), or what it sends each host adds

@@ -1,4 +1,4 @@
-"""Property: whatever conf a run of an example DAG is triggered with (10,000 generated ones
+"""Property: whatever conf a run of an example DAG is triggered with (generated ones
 per DAG: each param valid, hostile or of another type, unknown params), Airflow's param
 validation refuses it naming the param, or the task, its templates rendered with it, is
 refused by the operator naming the argument, or it sends its hosts only what its arguments

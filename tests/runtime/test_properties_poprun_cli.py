@@ -1,4 +1,4 @@
-"""Property: whatever command line `ringflow-poprun` gets (10,000 generated ones: its flags
+"""Property: whatever command line `ringflow-poprun` gets (generated ones: its flags
 with valid and hostile values, unknown flags, programs and their arguments made of shell
 metacharacters, `:`, dashes, unicode), it is refused with a ConfigError that names the flag
 or the program, or mpirun's command adds nothing: one app context per instance, each running

@@ -467,8 +467,10 @@ def follow_main(ns: argparse.Namespace) -> int:
         if ended and not data and offset < look.size:  # a lost job's last, unended line
             data = _read_raw(job_dir, offset, _READ_BYTES * 16)
         if data:
-            if not _write_out(data):
-                return 0  # the watcher is gone; the lease (if any) decides the rest
+            if not _write_out(data):  # the watcher is gone (its end of stdout closed)
+                if ns.tie:
+                    _request_stop(job_dir, "the watcher that tied the job to itself is gone")
+                return 0  # untied: the lease (if any) decides the rest
             offset += len(data)
             continue
         if ended:

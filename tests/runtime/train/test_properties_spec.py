@@ -1,4 +1,4 @@
-"""Property: whatever job spec a training host reads (10,000 generated ones: every field
+"""Property: whatever job spec a training host reads (generated ones: every field
 with values of every JSON type, hostile strings, unknown fields), `JobSpec.from_dict` either
 refuses it with a ConfigError naming the field, or takes a spec that reads back from its JSON
 as itself, whose layout check refuses only with a ConfigError naming a field, and whose
