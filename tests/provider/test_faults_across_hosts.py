@@ -331,7 +331,7 @@ def test_clock_skew_does_not_change_which_failure_is_named_first(two_hosts):
     named = message.split(";")[0]
     record("clock skew of 30 s on one host (a rank killed on each, 0.3 s apart)", "ssh",
            "attached", "the rank that failed first is named", None,
-           re.sub(r" \(pid \d+\)", "", ": ".join(named.split(": ")[:2])))
+           re.sub(r" \(pid \d+\)", "", named.split(" (128+")[0]))
     assert re.match(rf"training failed: rank [01] on host {re.escape(first)} \(pid "
                     rf"{mine[0].pid}\) failed first with exit code 137", named), message
 
