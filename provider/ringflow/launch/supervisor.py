@@ -468,19 +468,23 @@ def follow_main(ns: argparse.Namespace) -> int:
             data = _read_raw(job_dir, offset, _READ_BYTES * 16)
         if data:
             if not _write_out(data):  # the watcher is gone (its end of stdout closed)
-                if ns.tie:
-                    _request_stop(job_dir, "the watcher that tied the job to itself is gone")
-                return 0  # untied: the lease (if any) decides the rest
+                return _watcher_gone(ns, job_dir)
             offset += len(data)
             continue
         if ended:
             return _final(look, offset)
         if stdin_open and _stdin_ended(TICK_S):
-            if ns.tie:
-                _request_stop(job_dir, "the watcher that tied the job to itself is gone")
-            return 0
+            return _watcher_gone(ns, job_dir)
         if not stdin_open:
             time.sleep(TICK_S)
+
+
+def _watcher_gone(ns: argparse.Namespace, job_dir: Path) -> int:
+    """A tied job is stopped with its watcher; an untied one runs on (its lease, if any,
+    decides the rest)."""
+    if ns.tie:
+        _request_stop(job_dir, "the watcher that tied the job to itself is gone")
+    return 0
 
 
 def _read_raw(job_dir: Path, offset: int, limit: int) -> bytes:
