@@ -212,6 +212,21 @@ def test_follow_tie_stops_the_job_when_the_watcher_goes(tmp_path):
     assert status["stopped_by"] == "request" and "watcher" in status["cause"]
 
 
+def test_follow_tie_stops_the_job_when_the_watcher_stops_reading_its_output(tmp_path):
+    """The watcher gone while the job prints: follow's next write breaks the pipe before it
+    looks at stdin (which stays open here), and a tied job is stopped all the same."""
+    job = tmp_path / "job"
+    start(job, *counter(10_000))
+    watcher = subprocess.Popen([*SUPERVISOR, "follow", "--job-dir", str(job), "--tie"],
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert watcher.stdout.readline() == b"has secret: False\n"
+    watcher.stdout.close()  # the watcher's reading end is gone; its stdin is not
+    assert watcher.wait(timeout=10) == 0
+    watcher.stdin.close()
+    status = wait_ended(job, 15)
+    assert status["stopped_by"] == "request" and "watcher" in status["cause"]
+
+
 def test_follow_without_tie_leaves_the_job_running_when_the_watcher_goes(tmp_path):
     job = tmp_path / "job"
     said = start(job, *counter(10_000))
