@@ -230,3 +230,33 @@ def test_10_mib_of_remote_progress_output_streams_as_lines_with_flat_memory(hook
     assert (seen.lines, seen.bad) == (COUNT, 0)
     growth = seen.growth()
     assert growth < 8 << 20, f"RSS grew {growth / 2**20:.1f} MiB"
+
+
+def test_a_connection_that_opens_no_more_sessions_is_set_aside_for_a_new_one(netns_host,
+                                                                            monkeypatch):
+    """The host's sshd allows one session per connection (`MaxSessions 1`): a job's
+    lifeline holds it, and a short command on the same connection is refused. The command
+    runs on a new connection; the lifeline's channel goes on."""
+    config = netns_host.root / "etc" / "sshd_config"
+    config.write_text(config.read_text().replace("MaxSessions 100", "MaxSessions 1"))
+    netns_host.sh("kill -HUP $(cat /etc/ssh/sshd.pid)")  # sshd re-reads its config
+    time.sleep(0.5)
+    hook = MultiHostSSHHook(NETNS_CONN_ID, conn_timeout=5)
+    try:
+        lifeline = hook.start_command(netns_host.address, "cat; echo lifeline-ended",
+                                      keep_stdin=True)
+        first_client = hook.connect(netns_host.address)
+        warned = []
+        monkeypatch.setattr(hook.log, "warning", lambda msg, *args: warned.append(msg % args))
+        code, out, _ = hook.run(netns_host.address, "echo second", timeout=10)
+        assert (code, out) == (0, "second\n")
+        assert hook.connect(netns_host.address) is not first_client
+        assert warned == [f"host {netns_host.address}: opening an SSH session failed "
+                          "(ChannelException(2, 'Connect failed')); trying once on a new "
+                          "connection"]
+        lifeline.shutdown_write()  # the lifeline's command still runs on the old connection
+        lines = []
+        assert hook.pump(netns_host.address, lifeline, collect(lines)).exit_code == 0
+        assert lines == [("stdout", "lifeline-ended")]
+    finally:
+        hook.close()

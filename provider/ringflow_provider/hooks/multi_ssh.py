@@ -82,6 +82,7 @@ class MultiHostSSHHook(BaseHook):
         self.dead_after_s = dead_after_s
         self._hooks: dict[str, SSHHook] = {}
         self._allowed: AllowedHosts | None = None
+        self._set_aside_clients: list[paramiko.SSHClient] = []
 
     @property
     def allowed(self) -> AllowedHosts:
@@ -138,36 +139,68 @@ class MultiHostSSHHook(BaseHook):
 
     def run(self, host: str, command: str, timeout: float) -> tuple[int, str, str]:
         """Run a short command and collect its output; every wait bounded by `timeout`."""
-        client = self.connect(host)
+        channel = self.open_session(host)
         try:
-            _, stdout, stderr = client.exec_command(command, timeout=timeout)
-            stdout.channel.shutdown_write()
+            channel.settimeout(timeout)
+            channel.exec_command(command)
+            stdout, stderr = channel.makefile("rb"), channel.makefile_stderr("rb")
+            channel.shutdown_write()
             out, err = stdout.read(), stderr.read()
-            if not stdout.channel.status_event.wait(timeout):
+            if not channel.status_event.wait(timeout):
                 raise LaunchError(f"host {host!r}: {command[:60]!r} gave no exit status "
                                   f"within {timeout} s")
-            code = stdout.channel.recv_exit_status()
+            code = channel.recv_exit_status()
         except (OSError, paramiko.SSHException) as exc:
             raise LaunchError(f"host {host!r}: {command[:60]!r} failed: {exc}") from exc
+        finally:
+            channel.close()
         return code, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
+
+    def open_session(self, host: str) -> paramiko.Channel:
+        """A new session channel to `host`, its opening bounded by conn_timeout. A
+        connection that is up but does not open a channel (no answer, or a refusal) is set
+        aside, its open channels untouched (a job's lifeline may be one), and one new
+        connection is tried; LaunchError naming the host and both causes if that fails
+        too."""
+        first: Exception | None = None
+        while True:
+            client = self.connect(host)
+            transport = client.get_transport()
+            if transport is None or not transport.is_active():
+                raise LaunchError(f"host {host!r}: SSH transport closed before a session "
+                                  "opened")
+            try:
+                return transport.open_session(timeout=self.conn_timeout)
+            except (OSError, paramiko.SSHException) as exc:
+                if first is not None:
+                    raise LaunchError(
+                        f"host {host!r}: cannot open an SSH session: {first}; on a new "
+                        f"connection: {exc}") from exc
+                first = exc
+                self.log.warning("host %s: opening an SSH session failed (%s); trying once "
+                                 "on a new connection", host, exc)
+                self._set_aside(host)
+
+    def _set_aside(self, host: str) -> None:
+        """The host's hook connects anew next time; its old client is closed with the
+        hook (`close`)."""
+        hook = self._hooks[host]
+        if hook.client is not None:
+            self._set_aside_clients.append(hook.client)
+            hook.client = None
 
     def open_sftp(self, host: str, timeout: float | None = None) -> paramiko.SFTPClient:
         """An SFTP session to `host` whose every wait for a reply is bounded by `timeout`
         (default: conn_timeout); LaunchError naming the host if it cannot be opened."""
         timeout = self.conn_timeout if timeout is None else timeout
-        client = self.connect(host)
-        transport = client.get_transport()
-        if transport is None or not transport.is_active():
-            raise LaunchError(f"host {host!r}: SSH transport closed before SFTP started")
+        channel = self.open_session(host)
         gave_up = threading.Event()
-        channel = None
+
+        def give_up() -> None:
+            gave_up.set()
+            channel.close()
+
         try:
-            channel = transport.open_session(timeout=timeout)
-
-            def give_up() -> None:
-                gave_up.set()
-                channel.close()
-
             # paramiko waits for the subsystem's answer without a deadline; closing the
             # channel ends that wait.
             timer = threading.Timer(timeout, give_up)
@@ -179,8 +212,7 @@ class MultiHostSSHHook(BaseHook):
             channel.settimeout(timeout)  # bounds each SFTP reply
             return paramiko.SFTPClient(channel)
         except (OSError, paramiko.SSHException) as exc:
-            if channel is not None:
-                channel.close()
+            channel.close()
             cause = (f"no answer within {timeout} s"
                      if gave_up.is_set() or isinstance(exc, TimeoutError)
                      else f"{type(exc).__name__}: {exc}")
@@ -227,14 +259,7 @@ class MultiHostSSHHook(BaseHook):
         command line) is written to its stdin, which is then closed, or with `keep_stdin`
         left open (the command's lifeline: it ends when the channel does); `pump` streams
         it."""
-        client = self.connect(host)
-        transport = client.get_transport()
-        if transport is None or not transport.is_active():
-            raise LaunchError(f"host {host!r}: SSH transport closed before the command started")
-        try:
-            channel = transport.open_session(timeout=self.conn_timeout)
-        except (OSError, paramiko.SSHException) as exc:
-            raise LaunchError(f"host {host!r}: cannot open an SSH session: {exc}") from exc
+        channel = self.open_session(host)
         try:
             channel.exec_command(command)
             if stdin_text:
@@ -318,6 +343,9 @@ class MultiHostSSHHook(BaseHook):
             if hook.client is not None:
                 hook.client.close()
                 hook.client = None
+        for client in self._set_aside_clients:
+            client.close()
+        self._set_aside_clients.clear()
 
 
 def _bound_silence(client: paramiko.SSHClient, keepalive_s: int, dead_after_s: float) -> None:
