@@ -61,17 +61,18 @@ def main(argv: list[str]) -> int:
     exe.run(startup)
     if world > 1:
         dist.init_parallel_env()  # the losses' average below
-    rng = np.random.default_rng(0)  # the same data on every replica; each takes its slice
-    xs = rng.standard_normal((args.steps, GLOBAL_BATCH, FEATURES))
-    ys = rng.integers(0, CLASSES, size=(args.steps, GLOBAL_BATCH))
     part = GLOBAL_BATCH // world
     mine = slice(rank * part, (rank + 1) * part)
     for step in range(args.steps):
         if rank == args.fail_rank and step == args.fail_step:
             print(f"rank {rank}: failing at step {step} as asked", flush=True)
             return 3
-        value, = exe.run(main_program, feed={"x": xs[step, mine], "y": ys[step, mine]},
-                         fetch_list=[loss])
+        # each step's batch from its own seed: the same on every replica (each takes its
+        # slice), and made as it is needed (a run of a million steps holds one batch)
+        rng = np.random.default_rng([0, step])
+        x = rng.standard_normal((GLOBAL_BATCH, FEATURES))
+        y = rng.integers(0, CLASSES, size=GLOBAL_BATCH)
+        value, = exe.run(main_program, feed={"x": x[mine], "y": y[mine]}, fetch_list=[loss])
         value = np.array(value, dtype=np.float64).reshape(-1)
         if world > 1:
             dist.all_reduce(value, op=dist.ReduceOp.AVG)

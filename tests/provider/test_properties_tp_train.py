@@ -276,6 +276,9 @@ def check_operator(op: TPTrainOperator, values: dict) -> None:
     except RingflowConfigException as exc:
         check_refusal(exc, values)
         return
+    # execute plans the same (a pure function of the arguments and the context): it takes
+    # this plan rather than building the model a second time for the memory estimate
+    object.__setattr__(op, "_plan", lambda _context: plan)
     try:
         op.execute(context)
     except RingflowConfigException as exc:  # the watch arguments, checked as the job starts
