@@ -13,19 +13,34 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import time
 from collections.abc import Iterable
 from pathlib import Path
 
 from ringflow.launch.env import JOB_TOKEN_VAR
-from ringflow.launch.processes import scan_processes
+from ringflow.launch.processes import scan_processes, stopped_processes
 
-__all__ = ["alive", "ancestors", "frozen_relatives", "job_processes", "processes_with_env",
-           "stop_frozen_job_command", "stop_processes", "stop_task_command"]
+__all__ = ["FROZEN_WORDS", "GIVEN_UP_WORDS", "alive", "ancestors", "frozen_given_up_host",
+           "frozen_relatives", "job_processes", "processes_with_env", "stop_frozen_job_command",
+           "stop_processes", "stop_task_command", "stopped_processes"]
 
 PROC = Path("/proc")
 KILL_WAIT_S = 5.0
+# what a stop says of a job whose processes it found halted (the launcher names the host
+# frozen when it reads these words in what the stop said)
+FROZEN_WORDS = "frozen (stopped by SIGSTOP)"
+# how an mpirun job says what the stop did on a host it gave up as silent:
+# ``<host> (given up): <what the stop there printed>``
+GIVEN_UP_WORDS = "(given up)"
+_FROZEN_GIVEN_UP = re.compile(rf"(\S+) {re.escape(GIVEN_UP_WORDS)}: .*{re.escape(FROZEN_WORDS)}")
+
+
+def frozen_given_up_host(line: str) -> str | None:
+    """The host of a line saying that the stop on a host given up found the job frozen."""
+    found = _FROZEN_GIVEN_UP.search(line)
+    return found.group(1) if found else None
 
 
 def ancestors(pid: int | None = None) -> set[int]:
@@ -116,6 +131,7 @@ _STOP_FROZEN = """import os, signal, sys
 from ringflow.launch import leftovers as lo
 pids = lo.job_processes(sys.stdin.readline().strip(), exclude=lo.ancestors())
 above, below = lo.frozen_relatives(pids)
+frozen = lo.stopped_processes(pids + above + below)
 for pid in below:
     try:
         os.kill(pid, signal.SIGCONT)
@@ -123,15 +139,17 @@ for pid in below:
         pass
 pids += above
 left = lo.stop_processes(pids, float(sys.argv[1])) if pids else []
-print("stopped %d process(es) of the job%s" % (len(pids), " (still alive: %s)" % left
-      if left else "") if pids else "nothing of the job left")
+print("stopped %d process(es) of the job%s%s" % (
+    len(pids), "; %d of them were %s" % (len(frozen), lo.FROZEN_WORDS) if frozen else "",
+    " (still alive: %s)" % left if left else "") if pids else "nothing of the job left")
 """
 
 
 def stop_frozen_job_command(python: str, grace_s: float) -> list[str]:
     """argv that stops, on a host, every process of this user that carries the job token
     read from its stdin (never on a command line: `ps` shows those), with the stopped
-    (frozen) processes above them: SIGTERM and SIGCONT, SIGKILL after `grace_s`."""
+    (frozen) processes above them: SIGTERM and SIGCONT, SIGKILL after `grace_s`. What it
+    prints says how many were frozen (FROZEN_WORDS)."""
     return [python, "-c", _STOP_FROZEN, str(grace_s)]
 
 

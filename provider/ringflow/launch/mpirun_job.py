@@ -27,6 +27,7 @@ from ringflow.errors import ConfigError, LaunchError
 from ringflow.launch.env import JOB_ID_VAR, JOB_TOKEN_VAR, resolve_identity
 from ringflow.launch.exits import describe_exit, describe_signal, failure_order, shell_exit_code
 from ringflow.launch.leftovers import (
+    GIVEN_UP_WORDS,
     ancestors,
     job_processes,
     stop_frozen_job_command,
@@ -382,7 +383,8 @@ class MpirunJob:
             self.say(f"{host} did not answer to stop what is left of the job there"
                      + (f": {err.splitlines()[-1]}" if err and code >= 0 else ""))
         else:
-            self.say(f"{host} (given up): {(said or err.splitlines() or ['no output'])[-1]}")
+            self.say(f"{host} {GIVEN_UP_WORDS}: "
+                     f"{(said or err.splitlines() or ['no output'])[-1]}")
 
     def _join_silent_stops(self) -> None:
         """Wait for the stops of the hosts given up (mpirun has ended): those whose SSH

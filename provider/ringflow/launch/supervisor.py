@@ -31,6 +31,7 @@ from typing import NoReturn
 from ringflow.errors import ConfigError
 from ringflow.launch import jobdir
 from ringflow.launch.exits import LOST_EXIT, describe_exit
+from ringflow.launch.leftovers import FROZEN_WORDS
 from ringflow.launch.processes import (
     Prctl,
     describe_returncode,
@@ -536,8 +537,6 @@ def _stdin_ended(timeout_s: float) -> bool:
 
 
 # -- stop ----------------------------------------------------------------------------------
-# what a stop says of a job whose processes it found halted (the launcher names the host frozen)
-FROZEN_WORDS = "frozen (stopped by SIGSTOP)"
 
 
 def _request_stop(job_dir: Path, why: str) -> str:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ringflow.launch.exits import describe_exit, failure_order
+from ringflow.launch.leftovers import frozen_given_up_host
 from ringflow_provider.launchers.lines import RESULT, JobLine
 
 TAIL_LINES = 20
@@ -28,9 +29,14 @@ class AgentOutcome:
     results: dict[str | None, dict[str, Any]] = field(default_factory=dict)
     tails: dict[str | None, deque[str]] = field(default_factory=dict)
     rank_tails: dict[str | None, list[str]] = field(default_factory=dict)
+    # hosts an mpirun job gave up as silent whose job the stop there found frozen
+    frozen_hosts: set[str] = field(default_factory=set)
 
     def feed(self, line: JobLine) -> None:
         self.tails.setdefault(line.host, deque(maxlen=TAIL_LINES)).append(line.text)
+        frozen = frozen_given_up_host(line.text)
+        if frozen is not None:
+            self.frozen_hosts.add(frozen)
         if line.text.startswith(_TAIL_PREFIX):
             self.rank_tails.setdefault(line.host, []).append(line.text[len(_TAIL_PREFIX):])
         if line.kind == RESULT and line.payload is not None:
@@ -109,8 +115,9 @@ def lost_host_failure(outcome: AgentOutcome, hosts: list[str], host: str, entry:
     host is the root cause: its part could not be reached (the host was lost: down,
     partitioned) or its ranks were alive but silent until the launcher stopped them (the
     host froze). For a job whose parts are gathered by Open MPI's mpirun on the first host,
-    a blamed host whose agent never reported is lost (mpirun gave up on it). None when the
-    rule does not apply (the rank's own failure is the cause)."""
+    a blamed host whose agent never reported is lost (mpirun gave up on it), or froze when
+    the stop over SSH found its job's processes stopped (`frozen_hosts`). None when the rule
+    does not apply (the rank's own failure is the cause)."""
     blamed = entry.get("blamed_rank")
     if not entry.get("after_peer_failure") or not isinstance(blamed, int) or nproc < 1:
         return None
@@ -121,7 +128,7 @@ def lost_host_failure(outcome: AgentOutcome, hosts: list[str], host: str, entry:
     final = finals.get(lost) or {}
     result = outcome.results.get(lost) or {}
     ranks = ", ".join(str(r) for r in range(index * nproc, (index + 1) * nproc))
-    if final.get("frozen"):
+    if final.get("frozen") or lost in outcome.frozen_hosts:
         subject = f"host {lost} froze"
         why = ("its job's processes were frozen (stopped by SIGSTOP) while its SSH connection "
                "answered; the launcher continued them to stop them")
