@@ -268,6 +268,32 @@ def test_a_frozen_host_under_mpirun_leaves_nothing_of_the_job(two_hosts):
     assert failed_after <= 2 * MPIRUN_HEARTBEAT_S + 3, f"failed {failed_after:.1f} s after freezing"
 
 
+def test_a_task_killed_while_a_host_is_frozen_under_mpirun_leaves_nothing_there(two_hosts):
+    """launcher="mpirun", the second host's job frozen (Open MPI's daemon with it), then the
+    task is killed (on_kill): mpirun cannot stop what runs there; once the stop's grace has
+    passed the first host's agent stops it over SSH, and nothing of the job stays frozen on
+    the host."""
+    hosts = two_hosts[0]
+    second = hosts[1].address
+    watched = start(two_hosts, "mpirun", "attached", 60.0)  # no heartbeat timeout meanwhile
+    watched.wait_for_step(5)
+    frozen = job_processes(hosts[1], watchers=False)
+    assert any("orted" in p.cmdline for p in frozen), frozen
+    hosts[1].run(["kill", "-STOP", *(str(p.pid) for p in frozen)])
+    killed = time.monotonic()
+    watched.op.on_kill()
+    assert watched.end(60), ("the task did not end", watched.lines()[-40:])
+    wait_until(lambda: not job_processes(hosts[1], watchers=False), 10,
+               f"{second}: the frozen processes of the job to end")
+    ended_after = time.monotonic() - killed
+    assert any(re.search(rf"{re.escape(second)} \(after the stop\): stopped \d+ process\(es\) "
+                         r"of the job; \d+ of them were frozen", line)
+               for line in watched.lines()), watched.lines()[-30:]
+    record("the task killed while a host is frozen", "mpirun", "attached",
+           "nothing of the job left on the host", round(ended_after, 1),
+           str(watched.outcome.get("error")).splitlines()[0][:200], 60.0)
+
+
 @pytest.mark.parametrize("launcher,mode", [("ssh", "attached"), ("mpirun", "deferred")])
 def test_a_link_flap_shorter_than_the_heartbeat_timeout_loses_no_step(two_hosts, launcher,
                                                                         mode):

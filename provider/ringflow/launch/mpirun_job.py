@@ -277,6 +277,8 @@ class MpirunJob:
                 signal.signal(sig, handler)
         if self._stop_cause is not None:
             self.say(f"stopped by {self._stop_cause}; mpirun stopped every instance")
+            if not self.silent:
+                self._stop_unreported()
             return self._stop_code
         return code
 
@@ -294,6 +296,7 @@ class MpirunJob:
         assert proc is not None
         stop_by: float | None = None
         failed_at: float | None = None
+        gave_up = False
         while True:
             try:
                 return proc.wait(timeout=POLL_S)
@@ -301,9 +304,15 @@ class MpirunJob:
                 pass
             if failed_at is None and any(code != 0 for _, _, code in self._exits):
                 failed_at = time.monotonic()
-            if failed_at is not None and not self.silent and self._stop_cause is None and \
+            if failed_at is not None and not gave_up and self._stop_cause is None and \
                     time.monotonic() - failed_at > self._silent_grace():
-                self._give_up_silent(proc)
+                gave_up = True
+                if not self._give_up_silent(
+                        proc, f"{self._silent_grace():g} s after another process failed"):
+                    self.say("every process reported its exit; mpirun has not ended: "
+                             "stopping it")
+                    with contextlib.suppress(ProcessLookupError):
+                        proc.terminate()
                 stop_by = time.monotonic() + SILENT_KILL_S
             if self.lifeline is not None and self.lifeline.ended.is_set():
                 self._stop(self.lifeline.reason or "the end of stdin", 129)
@@ -327,28 +336,47 @@ class MpirunJob:
             return SILENT_GRACE_S
         return min(SILENT_GRACE_S, max(2.0, heartbeat / 4))
 
-    def _give_up_silent(self, proc: subprocess.Popen[bytes]) -> None:
-        """A process failed and others sent no exit report since: their hosts are lost (or
-        hung). Name them and stop mpirun, which would wait for their daemons for minutes."""
+    def _give_up_silent(self, proc: subprocess.Popen[bytes], when: str) -> bool:
+        """A process failed (or the job is being stopped) and others sent no exit report
+        since: their hosts are lost (or hung). Name them and stop mpirun, which would wait
+        for their daemons for minutes; what runs on those hosts is stopped over SSH. False
+        when every process has reported."""
         reported = {index for _, index, _ in self._exits}
-        self.silent = [i for i in range(len(self.plan.contexts)) if i not in reported]
+        silent = [i for i in range(len(self.plan.contexts)) if i not in reported]
+        if not silent:
+            return False
+        self.silent = silent
         where = ", ".join(f"{i} on {self.plan.host_of(i)}" for i in self.silent)
-        self.say(f"{SILENT_WORDS}: {where}, {self._silent_grace():g} s after another process "
-                 "failed (its host unreachable or hung); stopping mpirun")
+        self.say(f"{SILENT_WORDS}: {where}, {when} (its host unreachable or hung); "
+                 "stopping mpirun")
         with contextlib.suppress(ProcessLookupError):
             proc.terminate()
+        self._stop_over_ssh([self.plan.host_of(i) for i in self.silent], GIVEN_UP_WORDS)
+        return True
+
+    def _stop_unreported(self) -> None:
+        """mpirun ended on a stop from here without an exit report from some processes: on
+        a frozen host (its daemon frozen with them) or a lost one it could not stop them.
+        What is left of the job on their hosts is stopped over SSH."""
+        reported = {index for _, index, _ in self._exits}
+        hosts = [self.plan.host_of(i) for i in range(len(self.plan.contexts))
+                 if i not in reported]
+        if any(not is_this_host(host) for host in hosts):
+            self._stop_over_ssh(hosts, "(after the stop)")
+
+    def _stop_over_ssh(self, hosts: list[str], label: str) -> None:
         self._gave_up_at = time.monotonic()
-        for host in dict.fromkeys(self.plan.host_of(i) for i in self.silent):
+        for host in dict.fromkeys(hosts):
             if not is_this_host(host):
                 connected, procs = threading.Event(), []
                 stop = threading.Thread(target=self._stop_silent_host,
-                                        args=(host, connected, procs), daemon=True,
+                                        args=(host, connected, procs, label), daemon=True,
                                         name=f"ringflow-stop-{host}")
                 stop.start()
                 self._silent_stops.append((stop, connected, procs))
 
     def _stop_silent_host(self, host: str, connected: threading.Event,
-                          procs: list[subprocess.Popen[str]]) -> None:
+                          procs: list[subprocess.Popen[str]], label: str) -> None:
         """Stop what runs of the job on a host given up as silent, over SSH (the job token
         on ssh's stdin): mpirun cannot, its daemon there is gone or frozen with the job's
         processes (SIGSTOP), which would stay stopped on the host for ever. A host cut off
@@ -383,8 +411,7 @@ class MpirunJob:
             self.say(f"{host} did not answer to stop what is left of the job there"
                      + (f": {err.splitlines()[-1]}" if err and code >= 0 else ""))
         else:
-            self.say(f"{host} {GIVEN_UP_WORDS}: "
-                     f"{(said or err.splitlines() or ['no output'])[-1]}")
+            self.say(f"{host} {label}: {(said or err.splitlines() or ['no output'])[-1]}")
 
     def _join_silent_stops(self) -> None:
         """Wait for the stops of the hosts given up (mpirun has ended): those whose SSH
