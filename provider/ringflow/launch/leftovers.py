@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import signal
 import time
 from collections.abc import Iterable
@@ -34,13 +33,20 @@ FROZEN_WORDS = "frozen (stopped by SIGSTOP)"
 # how an mpirun job says what the stop did on a host it gave up as silent:
 # ``<host> (given up): <what the stop there printed>``
 GIVEN_UP_WORDS = "(given up)"
-_FROZEN_GIVEN_UP = re.compile(rf"(\S+) {re.escape(GIVEN_UP_WORDS)}: .*{re.escape(FROZEN_WORDS)}")
 
 
 def frozen_given_up_host(line: str) -> str | None:
-    """The host of a line saying that the stop on a host given up found the job frozen."""
-    found = _FROZEN_GIVEN_UP.search(line)
-    return found.group(1) if found else None
+    """The host of a launcher's own line (``[launch] ...``: a rank's lines are tagged
+    ``[rank N]``, so a rank cannot forge one) saying that the stop on a host given up found
+    the job frozen. Linear in the line's length (every line of a job's output is read
+    here): no regular expression that backtracks."""
+    if not line.startswith("[launch] ") or FROZEN_WORDS not in line:
+        return None
+    head, given_up, _ = line.partition(f" {GIVEN_UP_WORDS}: ")
+    words = head.split()
+    if not given_up or len(words) < 2 or words[-1].startswith("[") or words[-1].endswith(":"):
+        return None
+    return words[-1]
 
 
 def ancestors(pid: int | None = None) -> set[int]:
