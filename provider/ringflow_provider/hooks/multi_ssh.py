@@ -150,8 +150,8 @@ class MultiHostSSHHook(BaseHook):
                 raise LaunchError(f"host {host!r}: {command[:60]!r} gave no exit status "
                                   f"within {timeout} s")
             code = channel.recv_exit_status()
-        except (OSError, paramiko.SSHException) as exc:
-            raise LaunchError(f"host {host!r}: {command[:60]!r} failed: {exc}") from exc
+        except (OSError, EOFError, paramiko.SSHException) as exc:
+            raise LaunchError(f"host {host!r}: {command[:60]!r} failed: {_said(exc)}") from exc
         finally:
             channel.close()
         return code, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
@@ -171,14 +171,15 @@ class MultiHostSSHHook(BaseHook):
                                   "opened")
             try:
                 return transport.open_session(timeout=self.conn_timeout)
-            except (OSError, paramiko.SSHException) as exc:
+            # EOFError: paramiko raises what ended its transport (the peer closed it)
+            except (OSError, EOFError, paramiko.SSHException) as exc:
                 if first is not None:
                     raise LaunchError(
-                        f"host {host!r}: cannot open an SSH session: {first}; on a new "
-                        f"connection: {exc}") from exc
+                        f"host {host!r}: cannot open an SSH session: {_said(first)}; on a "
+                        f"new connection: {_said(exc)}") from exc
                 first = exc
                 self.log.warning("host %s: opening an SSH session failed (%s); trying once "
-                                 "on a new connection", host, exc)
+                                 "on a new connection", host, _said(exc))
                 self._set_aside(host)
 
     def _set_aside(self, host: str) -> None:
@@ -346,6 +347,12 @@ class MultiHostSSHHook(BaseHook):
         for client in self._set_aside_clients:
             client.close()
         self._set_aside_clients.clear()
+
+
+def _said(exc: BaseException) -> str:
+    """An exception as a cause in a message: its text, or its type when it has none
+    (paramiko's EOFError for a connection the peer closed)."""
+    return str(exc) or type(exc).__name__
 
 
 def _bound_silence(client: paramiko.SSHClient, keepalive_s: int, dead_after_s: float) -> None:
