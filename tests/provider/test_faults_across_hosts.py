@@ -498,7 +498,8 @@ def test_the_airflow_side_losing_its_connection_to_one_host(two_hosts, mode):
     ended_after = time.monotonic() - cut
     if mode == "attached":
         message = str(watched.outcome.get("error"))
-        assert second in message.split(";")[0], message
+        # whether a rank noticed its silent peers first or the launcher stopped them first
+        assert message.startswith(f"training failed: lost contact with host {second}"), message
         record("the Airflow side loses its SSH connection to one host", "ssh", mode,
                "the job is stopped on every host; the task names the host",
                round(ended_after, 1), message.split(";")[0])

@@ -95,15 +95,16 @@ def part_failure(outcome: AgentOutcome, host: str | None, final: dict[str, Any],
     code = final.get("exit_code")
     where = f"host {local_name if host is None else host}"
     state = final.get("state")
-    if state == "lost":
-        what = "its supervisor vanished before the job ended (the host rebooted, or it was killed)"
-    elif state == "unreachable":
-        what = final.get("cause") or "the host could not be reached"
+    if state in ("lost", "unreachable"):
+        why = ("its supervisor vanished before the job ended (the host rebooted, or it was "
+               "killed)" if state == "lost"
+               else final.get("cause") or "the host could not be reached")
+        said = f"training failed: lost contact with {where}: {why.removeprefix(f'host {host!r}: ')}"
     else:
         result = outcome.results.get(host) or {}
         what = f"{how(code)} ({result.get('cause') or final.get('cause') or 'no result line'})"
-    return (f"training failed: the launcher agent on {where} ended with {what}; last "
-            f"{len(tail)} lines of its output:\n" + "\n".join(tail),
+        said = f"training failed: the launcher agent on {where} ended with {what}"
+    return (f"{said}; last {len(tail)} lines of its output:\n" + "\n".join(tail),
             code if isinstance(code, int) else 1)
 
 
