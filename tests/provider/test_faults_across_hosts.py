@@ -324,7 +324,8 @@ def ranks_on(host) -> list:
             and "ringflow.launch" not in p.cmdline]
 
 
-def test_clock_skew_does_not_change_which_failure_is_named_first(two_hosts):
+@pytest.mark.parametrize("launcher", ["ssh", "mpirun"])
+def test_clock_skew_does_not_change_which_failure_is_named_first(two_hosts, launcher):
     """The second host's clock 30 s behind (its ringflow processes add the test-only
     RINGFLOW_TEST_CLOCK_SKEW_S to every time they report; the namespace hosts share one
     kernel clock, and libfaketime is not installed here): a rank on the first host is
@@ -341,7 +342,7 @@ def test_clock_skew_does_not_change_which_failure_is_named_first(two_hosts):
     # reading) reads its user site
     skew.write_text('import os; os.environ["RINGFLOW_TEST_CLOCK_SKEW_S"] = "-30"\n')
     try:
-        watched = start(two_hosts, "ssh", "attached", HEARTBEAT_S)
+        watched = start(two_hosts, launcher, "attached", heartbeat_of(launcher))
         watched.wait_for_step(5)
         assert any(f"{second} +30." in line for line in watched.lines()), \
             [line for line in watched.lines() if "clock" in line]
@@ -357,7 +358,7 @@ def test_clock_skew_does_not_change_which_failure_is_named_first(two_hosts):
         skew.unlink()
     message = str(watched.outcome.get("error"))
     named = message.split(";")[0]
-    record("clock skew of 30 s on one host (a rank killed on each, 0.3 s apart)", "ssh",
+    record("clock skew of 30 s on one host (a rank killed on each, 0.3 s apart)", launcher,
            "attached", "the rank that failed first is named", None,
            re.sub(r" \(pid \d+\)", "", named.split(" (128+")[0]))
     assert re.match(rf"training failed: rank [01] on host {re.escape(first)} \(pid "
@@ -419,7 +420,9 @@ def machine_pids(host, processes) -> list[int]:
     return found
 
 
-def test_a_straggler_is_named_with_its_step_times_and_no_false_failure(two_hosts):
+@pytest.mark.parametrize("launcher,mode", [("ssh", "attached"), ("mpirun", "deferred")])
+def test_a_straggler_is_named_with_its_step_times_and_no_false_failure(two_hosts, launcher,
+                                                                       mode):
     """The second host's ranks slowed to about a third of their speed (SIGSTOP 20 ms, SIGCONT
     10 ms, over and over: the machine has no cgroup v2 hierarchy mounted, so no cpu.max to
     set): the job succeeds, a warning names the slow host and how many times slower its
@@ -427,7 +430,7 @@ def test_a_straggler_is_named_with_its_step_times_and_no_false_failure(two_hosts
     and the summary XCom carries each host's step times."""
     hosts = two_hosts[0]
     first, second = hosts[0].address, hosts[1].address
-    watched = start(two_hosts, "ssh", "attached", FLAP_HEARTBEAT_S, steps=240,
+    watched = start(two_hosts, launcher, mode, FLAP_HEARTBEAT_S, steps=240,
                     checkpoint_every=120)
     watched.wait_for_step(25)
     slow = machine_pids(hosts[1], ranks_on(hosts[1]))
@@ -468,7 +471,7 @@ def test_a_straggler_is_named_with_its_step_times_and_no_false_failure(two_hosts
     steps = summary["host_step_s"]
     assert set(steps) == {first, second} and set(summary["host_wait_s"]) == {first, second}
     assert steps[second] > steps[first] > 0, steps
-    record("a straggler (one host's ranks slowed to a third)", "ssh", "attached",
+    record("a straggler (one host's ranks slowed to a third)", launcher, mode,
            "no false failure; a warning names the host and how much slower", None,
            warnings[0].split(",")[0])
 

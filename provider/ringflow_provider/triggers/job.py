@@ -205,17 +205,20 @@ class JobTrigger(BaseTrigger):
             while True:
                 # once another part failed, a host gets only short looks: a lost one must
                 # not hold the report back
-                look = await self._poll(part, COMMAND_TIMEOUT_S if state["stopping"] is None
-                                        else max(1.0, grace))
+                polled = await self._poll(part, COMMAND_TIMEOUT_S if state["stopping"] is None
+                                          else max(1.0, grace))
                 now = time.monotonic()
-                if look is None:
+                look = None if polled is None else polled[0]
+                if polled is None:
                     silent_since = silent_since or now
                     if now - silent_since > self.reconnect_s and state["stopping"] is None:
                         state["lost"] = self._lost(part, finals)
                         return
                 else:
                     silent_since = None
-                    answered[part.host] = now
+                    # when the host answered the look, not when the lease renewal after it
+                    # gave up: a host cut off meanwhile must not count as answering later
+                    answered[part.host] = polled[1]
                     if look.state in (jobdir.ENDED, jobdir.LOST) and not look.data:
                         finals[part.host] = {**(look.status or {}), "state": look.state}
                         if part.host in self._frozen:
@@ -271,11 +274,13 @@ class JobTrigger(BaseTrigger):
         return min(self.poll_interval, 1.0 + waited / 4) * random.uniform(0.8, 1.2)
 
     async def _poll(self, part: Part, timeout: float = COMMAND_TIMEOUT_S
-                    ) -> jobdir.Peek | None:
+                    ) -> tuple[jobdir.Peek, float] | None:
         """One look at a part: new lines logged, the lease renewed with the offset logged;
-        None when the host did not answer within `timeout`."""
+        with the time (monotonic) the host answered the look. None when the host did not
+        answer within `timeout`."""
         offset = self.offsets.get(part.host, 0)
         look = await self._look(part, offset, PEEK_BYTES, timeout)
+        answered_at = time.monotonic()
         if look is None:
             return None
         data = look.data
@@ -284,10 +289,9 @@ class JobTrigger(BaseTrigger):
             self.offsets[part.host] = offset + len(data)
         with contextlib.suppress(HostUnreachable):
             await self._shells[part.host].run(
-                jobdir.renew_command(part.job_dir, self.offsets.get(part.host, 0)),
-                COMMAND_TIMEOUT_S)
+                jobdir.renew_command(part.job_dir, self.offsets.get(part.host, 0)), timeout)
         return jobdir.Peek(look.status, look.alive, look.size, data, look.shown,
-                           look.lease_age)
+                           look.lease_age), answered_at
 
     async def _look(self, part: Part, offset: int, max_bytes: int,
                     timeout: float = COMMAND_TIMEOUT_S) -> jobdir.Peek | None:
