@@ -24,7 +24,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -151,6 +151,14 @@ class NsHost:
 
     def reappear(self) -> None:
         net.ip(["-n", self.netns, "link", "set", "dev", "eth0", "up"])
+
+    def reconfigure_sshd(self, edit: Callable[[str], str]) -> None:
+        """Its sshd_config rewritten by `edit`, and sshd made to re-read it (SIGHUP: the
+        listener restarts; a caller waits for it to answer again)."""
+        config = self.root / "etc" / "sshd_config"
+        config.write_text(edit(config.read_text()))
+        self.sh("kill -HUP $(cat /etc/ssh/sshd.pid)")
+        time.sleep(0.5)
 
 
 @dataclass(eq=False)

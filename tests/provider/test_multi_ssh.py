@@ -237,10 +237,7 @@ def test_a_connection_that_opens_no_more_sessions_is_set_aside_for_a_new_one(net
     """The host's sshd allows one session per connection (`MaxSessions 1`): a job's
     lifeline holds it, and a short command on the same connection is refused. The command
     runs on a new connection; the lifeline's channel goes on."""
-    config = netns_host.root / "etc" / "sshd_config"
-    config.write_text(config.read_text().replace("MaxSessions 100", "MaxSessions 1"))
-    netns_host.sh("kill -HUP $(cat /etc/ssh/sshd.pid)")  # sshd re-reads its config
-    time.sleep(0.5)
+    netns_host.reconfigure_sshd(lambda text: text.replace("MaxSessions 100", "MaxSessions 1"))
     hook = MultiHostSSHHook(NETNS_CONN_ID, conn_timeout=5)
     try:
         lifeline = hook.start_command(netns_host.address, "cat; echo lifeline-ended",

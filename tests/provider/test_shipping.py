@@ -231,11 +231,8 @@ def test_compiled_files_python_wrote_into_the_copy_are_removed_and_the_copy_reus
 
 def test_a_host_whose_sshd_offers_no_sftp_fails_the_ship_naming_it(netns_host):
     """The host's sshd has no sftp subsystem configured."""
-    config = netns_host.root / "etc" / "sshd_config"
-    config.write_text("".join(line for line in config.read_text().splitlines(keepends=True)
-                              if not line.startswith("Subsystem")))
-    netns_host.sh("kill -HUP $(cat /etc/ssh/sshd.pid)")  # sshd re-reads its config
-    time.sleep(0.5)
+    netns_host.reconfigure_sshd(lambda text: "".join(
+        line for line in text.splitlines(keepends=True) if not line.startswith("Subsystem")))
     hook = MultiHostSSHHook(NETNS_CONN_ID, conn_timeout=5)
     try:
         wait_until(lambda: hook.run(netns_host.address, "true", timeout=5)[0] == 0, 10,
@@ -250,10 +247,7 @@ def test_a_host_whose_sshd_offers_no_sftp_fails_the_ship_naming_it(netns_host):
 
 def test_an_sftp_server_that_never_answers_fails_within_the_timeout(netns_host):
     """The host's sftp subsystem is a command that never speaks the protocol."""
-    config = netns_host.root / "etc" / "sshd_config"
-    config.write_text(config.read_text().replace("internal-sftp", "/bin/sleep 60"))
-    netns_host.sh("kill -HUP $(cat /etc/ssh/sshd.pid)")  # sshd re-reads its config
-    time.sleep(0.5)
+    netns_host.reconfigure_sshd(lambda text: text.replace("internal-sftp", "/bin/sleep 60"))
     hook = MultiHostSSHHook(NETNS_CONN_ID, conn_timeout=5)
     try:
         wait_until(lambda: hook.run(netns_host.address, "true", timeout=5)[0] == 0, 10,

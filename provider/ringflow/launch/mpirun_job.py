@@ -341,8 +341,7 @@ class MpirunJob:
         since: their hosts are lost (or hung). Name them and stop mpirun, which would wait
         for their daemons for minutes; what runs on those hosts is stopped over SSH. False
         when every process has reported."""
-        reported = {index for _, index, _ in self._exits}
-        silent = [i for i in range(len(self.plan.contexts)) if i not in reported]
+        silent = self._unreported()
         if not silent:
             return False
         self.silent = silent
@@ -358,13 +357,17 @@ class MpirunJob:
         """mpirun ended on a stop from here without an exit report from some processes: on
         a frozen host (its daemon frozen with them) or a lost one it could not stop them.
         What is left of the job on their hosts is stopped over SSH."""
+        self._stop_over_ssh([self.plan.host_of(i) for i in self._unreported()],
+                            "(after the stop)")
+
+    def _unreported(self) -> list[int]:
+        """The processes (by index) that sent no exit report."""
         reported = {index for _, index, _ in self._exits}
-        hosts = [self.plan.host_of(i) for i in range(len(self.plan.contexts))
-                 if i not in reported]
-        if any(not is_this_host(host) for host in hosts):
-            self._stop_over_ssh(hosts, "(after the stop)")
+        return [i for i in range(len(self.plan.contexts)) if i not in reported]
 
     def _stop_over_ssh(self, hosts: list[str], label: str) -> None:
+        """A stop over SSH on each of `hosts` but this one, in its own thread
+        (`_join_silent_stops` waits for them); its line names the host with `label`."""
         self._gave_up_at = time.monotonic()
         for host in dict.fromkeys(hosts):
             if not is_this_host(host):

@@ -212,7 +212,7 @@ class MultiHostSSHHook(BaseHook):
                 timer.cancel()
             channel.settimeout(timeout)  # bounds each SFTP reply
             return paramiko.SFTPClient(channel)
-        except (OSError, paramiko.SSHException) as exc:
+        except (OSError, EOFError, paramiko.SSHException) as exc:
             channel.close()
             cause = (f"no answer within {timeout} s"
                      if gave_up.is_set() or isinstance(exc, TimeoutError)

@@ -208,7 +208,6 @@ class JobTrigger(BaseTrigger):
                 polled = await self._poll(part, COMMAND_TIMEOUT_S if state["stopping"] is None
                                           else max(1.0, grace))
                 now = time.monotonic()
-                look = None if polled is None else polled[0]
                 if polled is None:
                     silent_since = silent_since or now
                     if now - silent_since > self.reconnect_s and state["stopping"] is None:
@@ -218,7 +217,7 @@ class JobTrigger(BaseTrigger):
                     silent_since = None
                     # when the host answered the look, not when the lease renewal after it
                     # gave up: a host cut off meanwhile must not count as answering later
-                    answered[part.host] = polled[1]
+                    look, answered[part.host] = polled
                     if look.state in (jobdir.ENDED, jobdir.LOST) and not look.data:
                         finals[part.host] = {**(look.status or {}), "state": look.state}
                         if part.host in self._frozen:
