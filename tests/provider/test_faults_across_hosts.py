@@ -420,7 +420,7 @@ def machine_pids(host, processes) -> list[int]:
     return found
 
 
-@pytest.mark.parametrize("launcher,mode", [("ssh", "attached"), ("mpirun", "deferred")])
+@pytest.mark.parametrize("launcher,mode", [("ssh", "attached")])
 def test_a_straggler_is_named_with_its_step_times_and_no_false_failure(two_hosts, launcher,
                                                                        mode):
     """The second host's ranks slowed to about a third of their speed (SIGSTOP 20 ms, SIGCONT
