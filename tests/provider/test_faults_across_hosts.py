@@ -65,6 +65,7 @@ def two_hosts(ns_hosts, ns_conns):
     yield hosts, dict(zip([h.address for h in hosts], ns_conns[:2]))
     for host in hosts:
         host.reappear()
+    problems = []
     for host in hosts:
         # an sshd session whose client went away during the partition is the test's own
         # connection, not the job's: only the job's processes count
@@ -72,8 +73,15 @@ def two_hosts(ns_hosts, ns_conns):
             wait_until(lambda host=host: not job_processes(host), 30,
                        f"{host.address}: every process of the job to end")
         except AssertionError as exc:
-            raise AssertionError(f"{exc}: {host.leftovers()}") from None
-        assert host.shm_entries() == []
+            problems.append(f"{exc}: {host.leftovers()}")
+            # the next test must start on a clean host whatever this one left
+            host.sh("kill -CONT {0}; kill -KILL {0}".format(
+                " ".join(str(p.pid) for p in job_processes(host)) or "0"))
+        left = host.shm_entries()
+        if left:
+            problems.append(f"{host.address}: shared memory left: {left}")
+            host.sh("rm -f " + " ".join(f"/dev/shm/{name}" for name in left))
+    assert not problems, problems
 
 
 def record(scenario: str, launcher: str, mode: str, bound: str, measured_s: float | None,
@@ -204,12 +212,17 @@ def test_a_partitioned_host_is_named_and_stops_its_own_ranks(two_hosts, launcher
     assert stopped_after <= 3 * heartbeat + 3, f"ranks stopped {stopped_after:.1f} s after"
 
 
+# what marks the launcher's short commands on a host (following the output, a peek, a lease
+# renewal), as against the job's own processes
+_WATCHER_MARKS = (" follow ", "peek", '"$d/lease"', '"$d/.lease.tmp"')
+
+
 def job_processes(host, watchers: bool = True) -> list:
     """The job's processes on a host: its supervisor, agent, ranks, Open MPI's daemon and
-    (with `watchers`) the launcher's watch commands; not sshd's sessions."""
+    (with `watchers`) the launcher's watch commands (following, peeks, lease renewals); not
+    sshd's sessions."""
     return [p for p in host.leftovers() if not p.cmdline.startswith("sshd:")
-            and (watchers or (" follow " not in f" {p.cmdline} "
-                              and "peek" not in p.cmdline))]
+            and (watchers or not any(mark in f" {p.cmdline} " for mark in _WATCHER_MARKS))]
 
 
 @pytest.mark.parametrize("launcher,mode", [("ssh", "attached"), ("ssh", "deferred")])
