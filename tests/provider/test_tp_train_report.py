@@ -143,3 +143,16 @@ def test_failures_of_different_hosts_are_ordered_on_the_launchers_clock():
         report.results[host] = result
     assert report.first_failure(["a", "b"])[0] == "b"  # by the hosts' own clocks
     assert report.first_failure(["a", "b"], {"a": 0.01, "b": 30.0})[0] == "a"
+
+
+def test_a_failure_that_blamed_another_hosts_failed_rank_leads_to_that_one():
+    """Rank 0 on a began to exit first, but it blamed rank 2, whose failure b reported (rank
+    2 itself blamed rank 5, not among the job's failures: the chain ends there). In a cycle
+    of blame the clock decides."""
+    report = JobReport()
+    for host, rank, at, blamed in (("a", 0, 999.0, 2), ("b", 2, 1000.0, 5)):
+        report.results[host] = {"status": "failed", "failed_rank": rank, "ranks": [
+            {"rank": rank, "ended_at": at, "after_peer_failure": True, "blamed_rank": blamed}]}
+    assert report.first_failure(["a", "b"])[0] == "b"
+    report.results["b"]["ranks"][0]["blamed_rank"] = 0  # a cycle: the clock decides
+    assert report.first_failure(["a", "b"])[0] == "a"

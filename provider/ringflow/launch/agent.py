@@ -22,7 +22,13 @@ from pathlib import Path
 from ringflow.errors import LaunchError
 from ringflow.launch.config import LaunchConfig
 from ringflow.launch.env import JOB_ID_VAR, JobIdentity, plan_endpoints, worker_env
-from ringflow.launch.exits import STDIN_CLOSED_EXIT, failure_order, host_time, signal_name
+from ringflow.launch.exits import (
+    STDIN_CLOSED_EXIT,
+    end_of_blame,
+    failure_order,
+    host_time,
+    signal_name,
+)
 from ringflow.launch.logs import Console, LogPump, tail_lines
 from ringflow.launch.processes import (
     Prctl,
@@ -263,7 +269,9 @@ class Agent:
         can end before it does. So wait a moment for more exits and for the reports, and for
         the ranks that said they are exiting to end; then `failure_order` (a killed rank's
         time is when its exit was seen, which lags its death by the wake-up of this
-        launcher, while a peer that notices the death may report its own exit sooner)."""
+        launcher, while a peer that notices the death may report its own exit sooner),
+        then along who blamed whom (`end_of_blame`): a rank that failed because another
+        rank here failed is not the cause, whichever began to exit first."""
         start = time.monotonic()
         while True:
             running = [w for w in self.workers if w.returncode is None]
@@ -278,8 +286,10 @@ class Agent:
         for w in failed:  # its report, if any, is in the pipe before its exit
             if w.pump is not None:
                 w.pump.join(timeout=max(0.0, reports_by - time.monotonic()))
-        return min(failed, key=lambda w: failure_order(w.after_peer_failure,
-                                                         w.began_exit_at, w.rank))
+        first = min(failed, key=lambda w: failure_order(w.after_peer_failure,
+                                                          w.began_exit_at, w.rank))
+        return end_of_blame(first, {w.rank: w for w in failed},
+                            lambda w: w.blamed_rank if w.after_peer_failure else None)
 
     def _failure_cause(self, w: Worker) -> Cause:
         code, how = describe_returncode(w.returncode)

@@ -8,6 +8,8 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Callable, Mapping
+from typing import TypeVar
 
 __all__ = ["CLOCK_SKEW_VAR", "EXIT_CHECKPOINT", "EXIT_CODES", "EXIT_CONFIG", "EXIT_ERROR",
            "EXIT_NONFINITE", "EXIT_OK", "FOLDER_REFUSED_EXIT", "LOST_EXIT", "NOT_RETRIED",
@@ -87,6 +89,8 @@ def describe_exit(code: int) -> str:
 # share one kernel clock, and this is how they give one of them a skewed clock
 CLOCK_SKEW_VAR = "RINGFLOW_TEST_CLOCK_SKEW_S"
 
+T = TypeVar("T")
+
 
 def host_time() -> float:
     """This host's time.time(), as the times its ringflow processes report are taken (with
@@ -110,3 +114,19 @@ def failure_order(after_peer_failure: bool, began_exit_at: float | None,
     """
     return (after_peer_failure, float("inf") if began_exit_at is None else began_exit_at,
             index)
+
+
+def end_of_blame(first: T, failed_by_rank: Mapping[int, T],
+                 blame: Callable[[T], int | None]) -> T:
+    """The failure `first` led back along who blamed whom: a failure that saw a peer fail
+    first (`blame` gives that peer's rank, None if it failed on its own) is a consequence of
+    that peer's failure where the peer is among `failed_by_rank`, whatever their clocks say
+    (a rank that notices a silent host wakes its ring by closing it, and the neighbour that
+    then sees the close can begin to exit first). Ends at a failure on its own, one that
+    blamed a rank not among them (another host's), or a cycle."""
+    seen = set()
+    current = first
+    while (peer := blame(current)) is not None and peer in failed_by_rank and peer not in seen:
+        seen.add(peer)
+        current = failed_by_rank[peer]
+    return current

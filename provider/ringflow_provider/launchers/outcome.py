@@ -9,7 +9,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from ringflow.launch.exits import describe_exit, failure_order
+from ringflow.launch.exits import describe_exit, end_of_blame, failure_order
 from ringflow.launch.leftovers import frozen_given_up_host
 from ringflow_provider.launchers.lines import RESULT, JobLine
 
@@ -50,7 +50,9 @@ class AgentOutcome:
         one that failed on its own before one that saw a peer fail first, then by the time
         it began to exit, then by host order. A time a host reported is put on the
         launcher's clock with that host's `clock_offsets` (`Launcher.clock_offsets`): a
-        host whose clock is seconds behind does not come first by its own account."""
+        host whose clock is seconds behind does not come first by its own account. A failure
+        that blamed a rank whose own failure another host reported leads to that one
+        (`end_of_blame`)."""
         failed = []
         for index, host in enumerate(hosts):
             result = self.results.get(host) or {}
@@ -65,7 +67,11 @@ class AgentOutcome:
                                          index), host, entry))
         if not failed:
             return None
-        _, host, entry = min(failed, key=lambda f: f[0])
+        first = min(failed, key=lambda f: f[0])
+        # a host's failure that followed a rank's failure on another host comes after it
+        by_rank = {f[2].get("rank"): f for f in failed if isinstance(f[2].get("rank"), int)}
+        _, host, entry = end_of_blame(first, by_rank, lambda f: (
+            f[2].get("blamed_rank") if f[2].get("after_peer_failure") else None))
         return host, entry
 
 

@@ -279,6 +279,32 @@ def test_the_rank_that_began_to_exit_first_is_the_root_cause_though_a_peer_ends_
 
 
 @pytest.mark.multiproc
+def test_a_rank_that_failed_because_a_rank_here_failed_is_not_the_root_cause_though_first(
+        launcher):
+    """Rank 1 saw rank 3 (another host's) go silent and closed its rings; rank 0 saw rank 1's
+    ring close and began to exit a second before rank 1 did (their clocks raced). Both failed
+    after a peer; rank 0 blamed rank 1, which failed here: the launcher follows the blame to
+    rank 1, whose log says what the job lost."""
+    launcher.script("worker.py", """
+        import os, sys, time
+        rank = int(os.environ["PADDLE_TRAINER_ID"])
+        blamed = {0: 1, 1: 3}[rank]
+        print(f"rank {rank}: lost rank {blamed}", flush=True)
+        os.write(2, f"ringflow-exit-time {time.time() - 2 + rank} after-peer-failure {blamed}\\n"
+                 .encode())
+        time.sleep(0.5 * rank)  # rank 1 ends after rank 0
+        sys.exit(1)
+    """)
+    done = launcher.run("--nproc-per-host", "2", "--log-dir", "logs", "worker.py", timeout=60)
+    result = done.result
+    by_rank = {r["rank"]: r for r in result["ranks"]}
+    assert by_rank[0]["ended_at"] < by_rank[1]["ended_at"], done.stdout
+    assert [by_rank[r]["blamed_rank"] for r in (0, 1)] == [1, 3], done.stdout
+    assert (result["status"], result["failed_rank"]) == ("failed", 1), done.stdout
+    assert "rank 1: lost rank 3" in done.stdout
+
+
+@pytest.mark.multiproc
 def test_a_killed_rank_is_the_root_cause_before_the_peer_that_saw_it_die(launcher):
     """The killed rank reports nothing and its time is when the launcher saw its exit, which
     can be later than the report of a peer that noticed the death; the peer's report says it
