@@ -83,10 +83,16 @@ lint: $(STAMP)
 docs: $(STAMP)
 	AIRFLOW_HOME=$(CURDIR)/build/docs-airflow NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
+# The suite in TEST_WORKERS processes (pytest-xdist; each its own Airflow home, namespace
+# hosts and sshd): it mostly waits (Airflow's CLI and scheduler, heartbeat timeouts), so two
+# on two cores take about two thirds of the time of one. The tests that use the Airflow
+# services stay in one worker (their xdist group).
+TEST_WORKERS ?= 2
+
 test: sysdeps $(STAMP)
 	$(VENV)/bin/ruff check provider tests benchmarks dags scripts examples
 	$(MAKE) docs
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup
 
 # Benchmarks (not tests). The training step compares against PyTorch, which is installed
 # only into benchmarks/.venv-torch (made by the script on first use), never into .venv.

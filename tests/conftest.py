@@ -2,9 +2,9 @@
 
 The run's one Airflow home is set up by importing tests.airflow_env first, before any test
 module can import airflow; `airflow_home` migrates its database once and `airflow_services`
-starts real Airflow services on it once. Tests that use the services run last, so the
-scheduler and its friends never compete with the rest of the suite for the 2 cores or the
-SQLite database.
+starts real Airflow services on it once. Each pytest-xdist worker is its own process, so it
+has its own home, database and services. Tests that use the services run last, in one
+worker (`pytest_collection_modifyitems`).
 """
 
 from __future__ import annotations
@@ -95,10 +95,15 @@ def ns_conns(ns_hosts, monkeypatch) -> list[str]:
     return [f"{NS_CONN_PREFIX}_{i}" for i in range(len(ns_hosts))]
 
 
-def pytest_collection_modifyitems(items):
+def pytest_collection_modifyitems(config, items):
     """Tests that use the Airflow services run last (stable otherwise): the session fixture
-    stops the services after the last of them, so nothing else runs beside them."""
+    stops the services after the last of them. Under pytest-xdist (`make test`) they are one
+    group, so one worker starts the services once and runs them all."""
     items.sort(key=lambda item: "airflow_services" in getattr(item, "fixturenames", ()))
+    if config.pluginmanager.hasplugin("xdist"):
+        for item in items:
+            if "airflow_services" in getattr(item, "fixturenames", ()):
+                item.add_marker(pytest.mark.xdist_group("airflow_services"))
 
 
 @pytest.hookimpl(wrapper=True)
