@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from ringflow.errors import ConfigError
 from ringflow.launch.openmpi import INSTANCE_NAME, INSTANCE_SH, exported_names
-from ringflow.launch.supervisor import ENV_KEY
+from ringflow.launch.stdin import ENV_KEY
 from ringflow.poprun import parse_poprun_args
 from ringflow.poprun.mpirun import mpirun_argv as poprun_mpirun_argv
 from ringflow_provider.exceptions import RingflowConfigException

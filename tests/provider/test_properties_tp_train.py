@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from ringflow.errors import ConfigError
 from ringflow.launch.config import build_parser
 from ringflow.launch.mpirun import parse as parse_mpirun_agents
-from ringflow.launch.supervisor import ENV_KEY
+from ringflow.launch.stdin import ENV_KEY
 from ringflow.train.spec import JobSpec
 from ringflow_provider.exceptions import RingflowConfigException, RingflowLaunchException
 from ringflow_provider.jobs.masking import split_env

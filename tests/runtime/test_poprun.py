@@ -40,7 +40,11 @@ from ringflow_provider.poprun import build_poprun_argv, parse_config
 
 REPO = Path(__file__).resolve().parents[2]
 POPRUN = [sys.executable, "-m", "ringflow.poprun"]
-JOB_ENV = {"RINGFLOW_JOB_ID": "poprun_test", "RINGFLOW_JOB_TOKEN": "t0k3n-" + "ab" * 20}
+# one job identity per test process: the token is the marker a job's watchdog stops processes
+# by, and the id names its shared memory, so two test processes (pytest-xdist) must not share
+# them
+JOB_ID = f"poprun_test_{os.getpid()}"
+JOB_ENV = {"RINGFLOW_JOB_ID": JOB_ID, "RINGFLOW_JOB_TOKEN": "t0k3n-" + uuid.uuid4().hex}
 SEED_FIELDS = dict(hosts="h1,h2", nproc_per_host=2, ipus_per_replica=2, num_ipus=16,
                    ipu_partition="pod16", vipu_server="10.0.0.9", training_script="train.py",
                    training_script_args=["--lr", "0.1"], endpoint_port=8090,
@@ -316,7 +320,7 @@ def test_each_instance_gets_its_options_popdist_and_the_jobs_identity(mpirun):
     digest = hashlib.sha256(JOB_ENV["RINGFLOW_JOB_TOKEN"].encode()).hexdigest()
     for i in (0, 1):
         assert seen[i]["rank"] == str(i) and seen[i]["paddle_id"] == str(i)
-        assert seen[i]["a"] == "common" and seen[i]["job_id"] == "poprun_test"
+        assert seen[i]["a"] == "common" and seen[i]["job_id"] == JOB_ID
         assert seen[i]["token_sha"] == digest and not seen[i]["token_on_parent_cmdline"]
         assert seen[i]["popdist"]["POPDIST_REPLICA_INDEX_OFFSET"] == str(2 * i)
         assert seen[i]["popdist"]["POPDIST_NUM_LOCAL_REPLICAS"] == "2"

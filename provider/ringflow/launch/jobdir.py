@@ -41,6 +41,7 @@ STARTING, RUNNING, STOPPING, ENDED = "starting", "running", "stopping", "ended"
 # what a watcher calls a job whose supervisor vanished without writing "ended"
 LOST = "lost"
 PEEK_SEPARATOR = "\x1e--ringflow-peek--\x1e"
+MARKER_VAR = "RINGFLOW_SUPERVISED"  # in the environment of every process of a job
 STDERR_MARK = b"\x1d"
 
 
@@ -281,3 +282,12 @@ def parse_peek(out: bytes) -> Peek:
     shown = lease.get("shown") if isinstance(lease, dict) else None
     return Peek(status if isinstance(status, dict) else None, alive, size, whole_lines(data),
                 shown if isinstance(shown, int) and shown >= 0 else 0, age)
+
+
+def boot_id() -> str:
+    """This host's boot id: with the host name, what tells a watcher whether it runs on
+    the job's host (a local job can only be watched there)."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""

@@ -18,6 +18,7 @@ import time
 from collections.abc import Mapping
 
 from ringflow.errors import ConfigError
+from ringflow.secrets import hidden_parts, is_secret_name, url_passwords
 
 STDIN_FD = 0
 DEFAULT_TIMEOUT_S = 30.0
@@ -121,3 +122,33 @@ class StdinWatch(threading.Thread):
         except OSError as exc:
             self.reason = f"reading stdin failed ({exc.strerror or exc})"
         self.ended.set()
+
+
+ENV_KEY, MASK_KEY = "ringflow:env", "ringflow:mask"
+
+
+def read_envelope() -> tuple[dict[str, str], list[str]]:
+    """The first stdin line: the secret variables, and more values to mask in the output
+    (a connection's password the job might print), as ``{"ringflow:env": {...},
+    "ringflow:mask": [...]}``; a plain object of variables is the variables alone."""
+    line = read_line()
+    try:
+        value = json.loads(line)
+    except ValueError:
+        value = None
+    if isinstance(value, dict) and set(value) <= {ENV_KEY, MASK_KEY} and value:
+        masks = value.get(MASK_KEY) or []
+        if not isinstance(masks, list) or not all(isinstance(m, str) for m in masks):
+            raise ConfigError(f"--secrets: {MASK_KEY} must be a list of strings")
+        return parse_secrets(json.dumps(value.get(ENV_KEY) or {}).encode()), masks
+    return parse_secrets(line), []
+
+
+def envelope_parts(name: str, value: str) -> list[str]:
+    """What of a secret variable's value output.log hides: all of it, and its URLs'
+    passwords; only those when it is a URL under a name that is not secret (`ringflow.secrets`:
+    the rest of the URL stays readable)."""
+    passwords = url_passwords(value)
+    if passwords and not is_secret_name(name):
+        return passwords
+    return hidden_parts(None, value)

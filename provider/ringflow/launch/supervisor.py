@@ -7,9 +7,8 @@ group, KILL after a grace, every process that carries the job's marker, its shar
 when asked to (`stop`, SIGTERM), or when its lease runs out: nobody renewed it for
 `--lease-timeout` seconds, so whoever started the job has forgotten it. Secrets come as the
 first line of stdin (JSON, `ringflow.launch.stdin`) and go to the command's environment or
-its stdin; they are never written anywhere. `follow` streams output.log from an offset
-until the job ends, renewing the lease while it runs (and with `--tie`, stopping the job
-when its own stdin ends: the watcher is gone). The folder's layout is `jobdir`.
+its stdin; they are never written anywhere. `follow` and `stop` are
+`ringflow.launch.follow`. The folder's layout is `jobdir`.
 """
 
 from __future__ import annotations
@@ -30,8 +29,8 @@ from typing import NoReturn
 
 from ringflow.errors import ConfigError
 from ringflow.launch import jobdir
-from ringflow.launch.exits import LOST_EXIT, describe_exit
-from ringflow.launch.leftovers import FROZEN_WORDS
+from ringflow.launch.exits import describe_exit
+from ringflow.launch.follow import follow_main, marked_processes, stop_main
 from ringflow.launch.processes import (
     Prctl,
     describe_returncode,
@@ -39,16 +38,12 @@ from ringflow.launch.processes import (
     live_groups,
     reap_orphans,
     signal_group,
-    stopped_processes,
     terminate_group,
 )
-from ringflow.launch.stdin import encode_secrets, parse_secrets, read_line
-from ringflow.secrets import hidden_parts, is_secret_name, url_passwords
+from ringflow.launch.stdin import encode_secrets, envelope_parts, read_envelope
 
 PROG = "python -m ringflow.launch.supervisor"
-MARKER_VAR = "RINGFLOW_SUPERVISED"  # in the environment of every process of the job
 STARTED_PREFIX = "ringflow-job "    # the line `run --detach` prints once the job runs
-FINAL_PREFIX = "ringflow-job-status "  # the last line `follow` prints (on stderr)
 DEFAULT_GRACE_S = 10.0   # an agent takes up to its own grace (5 s) to stop its ranks
 READY_TIMEOUT_S = 30.0
 TICK_S = 0.2
@@ -56,7 +51,6 @@ LEASE_CHECK_S = 1.0
 DRAIN_S = 5.0            # after the command exits: how long a descendant may hold its pipe
 KILL_WAIT_S = 5.0
 _READ_BYTES = 1 << 16
-RENEW_S = 1.0            # `follow --renew`: how often
 
 
 class _Parser(argparse.ArgumentParser):
@@ -117,11 +111,11 @@ class Supervisor:
         self.stdin_line = stdin_line
         self.lease_timeout = lease_timeout
         self.grace_s = grace_s
-        self.marker = env[MARKER_VAR]
+        self.marker = env[jobdir.MARKER_VAR]
         self.proc: subprocess.Popen | None = None
         self.status: dict = {
             "version": jobdir.STATUS_VERSION, "state": jobdir.STARTING,
-            "host": socket.gethostname(), "boot_id": boot_id(),
+            "host": socket.gethostname(), "boot_id": jobdir.boot_id(),
             "supervisor_pid": os.getpid(), "pid": None, "pgid": None,
             "job_id": env.get("RINGFLOW_JOB_ID"), "program": program_name(command),
             "started_at": time.time(), "ended_at": None, "exit_code": None, "cause": None,
@@ -297,13 +291,6 @@ def program_name(command: list[str]) -> str:
     return os.path.basename(command[0])
 
 
-def marked_processes(marker: str) -> list[int]:
-    """Live processes of this user (but this one) carrying the job's marker."""
-    from ringflow.launch.leftovers import processes_with_env
-
-    return processes_with_env(MARKER_VAR, marker, exclude={os.getpid()})
-
-
 def sweep_shm(job_id: str | None) -> list[str]:
     if not job_id:
         return []
@@ -315,45 +302,6 @@ def sweep_shm(job_id: str | None) -> list[str]:
         return []
 
 
-def boot_id() -> str:
-    """This host's boot id: with the host name, what tells a watcher whether it runs on
-    the job's host (a local job can only be watched there)."""
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return ""
-
-
-ENV_KEY, MASK_KEY = "ringflow:env", "ringflow:mask"
-
-
-def read_envelope() -> tuple[dict[str, str], list[str]]:
-    """The first stdin line: the secret variables, and more values to mask in the output
-    (a connection's password the job might print), as ``{"ringflow:env": {...},
-    "ringflow:mask": [...]}``; a plain object of variables is the variables alone."""
-    line = read_line()
-    try:
-        value = json.loads(line)
-    except ValueError:
-        value = None
-    if isinstance(value, dict) and set(value) <= {ENV_KEY, MASK_KEY} and value:
-        masks = value.get(MASK_KEY) or []
-        if not isinstance(masks, list) or not all(isinstance(m, str) for m in masks):
-            raise ConfigError(f"--secrets: {MASK_KEY} must be a list of strings")
-        return parse_secrets(json.dumps(value.get(ENV_KEY) or {}).encode()), masks
-    return parse_secrets(line), []
-
-
-def envelope_parts(name: str, value: str) -> list[str]:
-    """What of a secret variable's value output.log hides: all of it, and its URLs'
-    passwords; only those when it is a URL under a name that is not secret (`ringflow.secrets`:
-    the rest of the URL stays readable)."""
-    passwords = url_passwords(value)
-    if passwords and not is_secret_name(name):
-        return passwords
-    return hidden_parts(None, value)
-
-
 def run_main(ns: argparse.Namespace) -> int:
     command = ns.command[1:] if ns.command[:1] == ["--"] else ns.command
     if not command:
@@ -363,7 +311,7 @@ def run_main(ns: argparse.Namespace) -> int:
         raise ConfigError(f"run: job folder {job_dir} holds a job already")
     values, masks = read_envelope() if ns.secrets != "none" else ({}, [])
     env = dict(os.environ)
-    env[MARKER_VAR] = token_source.token_hex(12)
+    env[jobdir.MARKER_VAR] = token_source.token_hex(12)
     stdin_line = None
     if ns.secrets == "env":
         env.update(values)
@@ -446,141 +394,6 @@ def _report_start(read_end: int, pid: int) -> int:
         print(f"{PROG}: error: {said['error']}", file=sys.stderr)
         return 1
     print(STARTED_PREFIX + json.dumps(said, sort_keys=True), flush=True)
-    return 0
-
-
-# -- follow --------------------------------------------------------------------------------
-def follow_main(ns: argparse.Namespace) -> int:
-    """Copy output.log from --offset to stdout as it grows; end with the job (exit code the
-    job's, LOST_EXIT if its supervisor vanished) or when stdin ends (the watcher is gone)."""
-    job_dir = ns.job_dir.expanduser()
-    offset = max(0, ns.offset)
-    next_renew = 0.0
-    stdin_open = _stdin_is_watchable()
-    while True:
-        if ns.renew and time.monotonic() >= next_renew:
-            with contextlib.suppress(OSError):
-                jobdir.renew_lease(job_dir)
-            next_renew = time.monotonic() + RENEW_S
-        look = jobdir.peek(job_dir, offset, _READ_BYTES * 16)
-        ended = look.state in (jobdir.ENDED, jobdir.LOST)
-        data = look.data
-        if ended and not data and offset < look.size:  # a lost job's last, unended line
-            data = _read_raw(job_dir, offset, _READ_BYTES * 16)
-        if data:
-            if not _write_out(data):  # the watcher is gone (its end of stdout closed)
-                return _watcher_gone(ns, job_dir)
-            offset += len(data)
-            continue
-        if ended:
-            return _final(look, offset)
-        if stdin_open and _stdin_ended(TICK_S):
-            return _watcher_gone(ns, job_dir)
-        if not stdin_open:
-            time.sleep(TICK_S)
-
-
-def _watcher_gone(ns: argparse.Namespace, job_dir: Path) -> int:
-    """A tied job is stopped with its watcher; an untied one runs on (its lease, if any,
-    decides the rest)."""
-    if ns.tie:
-        _request_stop(job_dir, "the watcher that tied the job to itself is gone")
-    return 0
-
-
-def _read_raw(job_dir: Path, offset: int, limit: int) -> bytes:
-    with open(job_dir / jobdir.OUTPUT, "rb") as f:
-        f.seek(offset)
-        return f.read(limit)
-
-
-def _write_out(data: bytes) -> bool:
-    try:
-        sys.stdout.buffer.write(data)
-        sys.stdout.buffer.flush()
-    except (BrokenPipeError, OSError):
-        return False
-    return True
-
-
-def _final(look: jobdir.Peek, offset: int) -> int:
-    status = dict(look.status or {})
-    status["state"] = look.state
-    status["offset"] = offset
-    with contextlib.suppress(OSError):
-        print(FINAL_PREFIX + json.dumps(status, sort_keys=True), file=sys.stderr, flush=True)
-    if look.state == jobdir.LOST:
-        return LOST_EXIT
-    code = status.get("exit_code")
-    return code if isinstance(code, int) and 0 <= code < 256 else 1
-
-
-def _stdin_is_watchable() -> bool:
-    """stdin is a pipe or socket (a watcher's lifeline), not /dev/null or a terminal."""
-    try:
-        import stat
-
-        mode = os.fstat(0).st_mode
-    except OSError:
-        return False
-    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)
-
-
-def _stdin_ended(timeout_s: float) -> bool:
-    ready, _, _ = select.select([0], [], [], timeout_s)
-    if not ready:
-        return False
-    try:
-        return not os.read(0, 65536)
-    except OSError:
-        return True
-
-
-# -- stop ----------------------------------------------------------------------------------
-
-
-def _request_stop(job_dir: Path, why: str) -> str:
-    """Ask the supervisor to stop the job (it records `why`); if no supervisor lives, stop
-    what is left of the job here. Returns what was done."""
-    status = jobdir.read_status(job_dir)
-    if status is None:
-        return f"no job in {job_dir}"
-    if status.get("state") == jobdir.ENDED:
-        return f"the job in {job_dir} has ended already ({status.get('cause')})"
-    with contextlib.suppress(OSError):
-        fd = os.open(job_dir / jobdir.STOP, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(why[:500] + "\n")
-    pid = status.get("supervisor_pid")
-    marker = status.get("marker")
-    left = marked_processes(marker) if isinstance(marker, str) and marker else []
-    if jobdir.supervisor_alive(job_dir) and isinstance(pid, int) and pid > 1:
-        # a frozen job (SIGSTOP: the host's processes halted) cannot act on the request:
-        # continue it, so the supervisor stops it and its ranks can end
-        frozen = stopped_processes([pid, *left])
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
-            for stopped in frozen:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(stopped, signal.SIGCONT)
-            said = f"asked the supervisor (pid {pid}) to stop the job: {why}"
-            if frozen:
-                said += (f"; {len(frozen)} of its {len(left) + 1} processes were {FROZEN_WORDS}"
-                         ", continued so that they can end")
-            return said
-    for pid in left:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
-    return (f"no supervisor runs for {job_dir}; killed {len(left)} process(es) left of the job"
-            if left else f"no supervisor runs for {job_dir} and nothing of the job is left")
-
-
-def stop_main(ns: argparse.Namespace) -> int:
-    job_dir = ns.job_dir.expanduser()
-    print(_request_stop(job_dir, ns.why), flush=True)
-    deadline = time.monotonic() + max(0.0, ns.wait)
-    while time.monotonic() < deadline and jobdir.supervisor_alive(job_dir):
-        time.sleep(0.05)
     return 0
 
 

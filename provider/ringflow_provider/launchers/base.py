@@ -20,8 +20,10 @@ from typing import Any, ClassVar, TypeVar
 from ringflow.errors import ConfigError, FolderError, LaunchError, gathered
 from ringflow.launch import jobdir
 from ringflow.launch.exits import FOLDER_REFUSED_EXIT
+from ringflow.launch.follow import FINAL_PREFIX
 from ringflow.launch.leftovers import FROZEN_WORDS
-from ringflow.launch.supervisor import ENV_KEY, FINAL_PREFIX, MASK_KEY, STARTED_PREFIX
+from ringflow.launch.stdin import ENV_KEY, MASK_KEY
+from ringflow.launch.supervisor import STARTED_PREFIX
 from ringflow_provider.hooks.allowed_hosts import HostNotAllowedError
 from ringflow_provider.launchers import commands
 from ringflow_provider.launchers.commands import Runtime

@@ -25,8 +25,8 @@ from typing import Any
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from ringflow.launch import jobdir
+from ringflow.launch.jobdir import boot_id
 from ringflow.launch.leftovers import FROZEN_WORDS
-from ringflow.launch.supervisor import boot_id
 from ringflow_provider.hooks.allowed_hosts import AllowedHosts, HostNotAllowedError
 from ringflow_provider.jobs.masking import Secrets
 from ringflow_provider.launchers import commands

@@ -87,13 +87,13 @@ def test_the_mpirun_job_names_the_instance_first_in_failure_order():
 
 
 def test_one_table_says_what_every_exit_code_ringflow_chooses_means():
-    from ringflow.launch import agent, exits, supervisor
+    from ringflow.launch import agent, exits, follow
     from ringflow_provider.launchers import commands
     from ringflow_provider.tp_train import outcome
 
     assert sorted(exits.EXIT_CODES) == [0, 1, 2, 3, 4, 96, 97, 98, 129, 255]
     assert all(text and text == text.strip() for text in exits.EXIT_CODES.values())
-    assert (agent.STDIN_CLOSED_EXIT, supervisor.LOST_EXIT, commands.RUNNING_EXIT) == (
+    assert (agent.STDIN_CLOSED_EXIT, follow.LOST_EXIT, commands.RUNNING_EXIT) == (
         exits.STDIN_CLOSED_EXIT, exits.LOST_EXIT, exits.RUNNING_EXIT)
     assert sorted(outcome.NO_RETRY) == [2, 3, 4]
     assert outcome.NO_RETRY[exits.EXIT_CHECKPOINT].startswith(

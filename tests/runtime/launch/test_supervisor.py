@@ -17,7 +17,9 @@ from pathlib import Path
 import pytest
 
 from ringflow.launch import jobdir
-from ringflow.launch.supervisor import FINAL_PREFIX, LOST_EXIT, STARTED_PREFIX
+from ringflow.launch.exits import LOST_EXIT
+from ringflow.launch.follow import FINAL_PREFIX
+from ringflow.launch.supervisor import STARTED_PREFIX
 from tests import procs
 
 pytestmark = pytest.mark.multiproc
