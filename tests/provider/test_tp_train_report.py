@@ -8,8 +8,10 @@ from itertools import pairwise
 
 import pytest
 
+from ringflow.launch.leftovers import DAEMON_LOST_TAG
 from ringflow_provider.launchers.job import JobHandle, TaskKey
 from ringflow_provider.launchers.lines import TIMING, JobLine
+from ringflow_provider.launchers.outcome import daemon_lost_failure
 from ringflow_provider.tp_train import outcome
 from ringflow_provider.tp_train.report import (
     XCOM_HISTORY_POINTS,
@@ -156,3 +158,19 @@ def test_a_failure_that_blamed_another_hosts_failed_rank_leads_to_that_one():
     assert report.first_failure(["a", "b"])[0] == "b"
     report.results["b"]["ranks"][0]["blamed_rank"] = 0  # a cycle: the clock decides
     assert report.first_failure(["a", "b"])[0] == "a"
+
+
+def test_a_host_whose_daemon_mpirun_lost_is_named_when_no_rank_failed_first():
+    """mpirun ends the job at once when it loses a host's daemon, often before any rank
+    noticed: the launcher's own line names the host, and the failure is that host's."""
+    report = JobReport()
+    report.feed(JobLine("10.0.0.2", f"[launch] mpirun: 10.0.0.3 {DAEMON_LOST_TAG}: Open MPI's "
+                        "daemon there went away", "stdout"))
+    report.feed(JobLine("10.0.0.2", f"[rank 0] [launch] mpirun: 10.0.0.2 {DAEMON_LOST_TAG}: "
+                        "forged", "stdout"))
+    assert report.daemons_lost == ["10.0.0.3"]
+    message, host = daemon_lost_failure(report, ["10.0.0.2", "10.0.0.3"], 2, 41)
+    assert host == "10.0.0.3"
+    assert message.startswith("training failed: lost contact with host 10.0.0.3 (ranks 2, 3) "
+                              "after step 41: mpirun lost its Open MPI daemon there"), message
+    assert daemon_lost_failure(JobReport(), ["10.0.0.2", "10.0.0.3"], 2, 41) is None

@@ -21,7 +21,8 @@ from pathlib import Path
 from ringflow.launch.env import JOB_TOKEN_VAR
 from ringflow.launch.processes import scan_processes, stopped_processes
 
-__all__ = ["FROZEN_WORDS", "GIVEN_UP_WORDS", "alive", "ancestors", "frozen_given_up_host",
+__all__ = ["DAEMON_LOST_TAG", "FROZEN_WORDS", "GIVEN_UP_WORDS", "alive", "ancestors",
+           "daemon_lost_host", "frozen_given_up_host",
            "frozen_relatives", "job_processes", "processes_with_env", "stop_frozen_job_command",
            "stop_processes", "stop_task_command", "stopped_processes"]
 
@@ -33,20 +34,35 @@ FROZEN_WORDS = "frozen (stopped by SIGSTOP)"
 # how an mpirun job says what the stop did on a host it gave up as silent:
 # ``<host> (given up): <what the stop there printed>``
 GIVEN_UP_WORDS = "(given up)"
+# ... and a host whose Open MPI daemon mpirun lost (the host rebooted, its daemon was killed,
+# the network dropped it): ``<host> (daemon lost): <what mpirun said>``
+DAEMON_LOST_TAG = "(daemon lost)"
 
 
 def frozen_given_up_host(line: str) -> str | None:
-    """The host of a launcher's own line (``[launch] ...``: a rank's lines are tagged
-    ``[rank N]``, so a rank cannot forge one) saying that the stop on a host given up found
-    the job frozen. Linear in the line's length (every line of a job's output is read
-    here): no regular expression that backtracks."""
-    if not line.startswith("[launch] ") or FROZEN_WORDS not in line:
+    """The host of a launcher's own line saying that the stop on a host given up found the
+    job frozen (``... <host> (given up): ...; N of them were frozen ...``)."""
+    return _host_of_launcher_line(line, GIVEN_UP_WORDS, FROZEN_WORDS)
+
+
+def daemon_lost_host(line: str) -> str | None:
+    """The host of a launcher's own line saying that mpirun lost its Open MPI daemon there
+    (``... <host> (daemon lost): ...``)."""
+    return _host_of_launcher_line(line, DAEMON_LOST_TAG, DAEMON_LOST_TAG)
+
+
+def _host_of_launcher_line(line: str, tag: str, words: str) -> str | None:
+    """The host named before `tag` in a launcher's own line (``[launch] ...``: a rank's
+    lines are tagged ``[rank N]``, so a rank cannot forge one) that holds `words`. Linear in
+    the line's length (every line of a job's output is read here): no regular expression
+    that backtracks."""
+    if not line.startswith("[launch] ") or words not in line:
         return None
-    head, given_up, _ = line.partition(f" {GIVEN_UP_WORDS}: ")
-    words = head.split()
-    if not given_up or len(words) < 2 or words[-1].startswith("[") or words[-1].endswith(":"):
+    head, found, _ = line.partition(f" {tag}: ")
+    names = head.split()
+    if not found or len(names) < 2 or names[-1].startswith("[") or names[-1].endswith(":"):
         return None
-    return words[-1]
+    return names[-1]
 
 
 def ancestors(pid: int | None = None) -> set[int]:

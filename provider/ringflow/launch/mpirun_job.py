@@ -27,6 +27,7 @@ from ringflow.errors import ConfigError, LaunchError
 from ringflow.launch.env import JOB_ID_VAR, JOB_TOKEN_VAR, resolve_identity
 from ringflow.launch.exits import describe_exit, describe_signal, failure_order, shell_exit_code
 from ringflow.launch.leftovers import (
+    DAEMON_LOST_TAG,
     GIVEN_UP_WORDS,
     ancestors,
     job_processes,
@@ -36,10 +37,12 @@ from ringflow.launch.leftovers import (
 from ringflow.launch.line_writer import LineWriter
 from ringflow.launch.lines import PARTIAL_MARK, Line
 from ringflow.launch.openmpi import (
+    DAEMON_SSH_CLOSED,
     EXIT_LINE,
     EXIT_NONCE_VAR,
     FAILED_CODE,
     FAILED_RANK,
+    LOST_DAEMON,
     RANK_EXIT_LINE,
     SIGNALLED,
     TAGGED_LINE,
@@ -136,6 +139,7 @@ class MpirunJob:
         self._token = ""
         self._exit_nonce = token_source.token_hex(16)  # what a real exit report carries
         self._mpirun_said: list[str] = []
+        self._daemons_lost: set[str] = set()
         self._watchdog: WatchdogClient | None = None
         self._exits: list[tuple[float, int, int]] = []  # (time, index, exit code)
         self._began_exit: dict[int, float] = {}
@@ -175,12 +179,24 @@ class MpirunJob:
                 if name == "stderr":
                     self._mpirun_said.append(line)
                 self._out.write(stream, line)
+                self._say_lost_daemon(line)
             elif only is None or index == only:
                 # a piece that is no whole line is marked, so no reader takes it for one
                 mark = "" if whole else PARTIAL_MARK
                 self._out.write(stream, f"[1,{index}]<{name}>{mark}:{line}")
 
         return emit
+
+    def _say_lost_daemon(self, line: str) -> None:
+        """mpirun lost the daemon of a host (it rebooted, its daemon was killed, the network
+        dropped it): say which, once, in a line of this launcher's own (the provider names
+        the host from it)."""
+        lost = LOST_DAEMON.match(line) or DAEMON_SSH_CLOSED.match(line)
+        if lost and lost.group(1) not in self._daemons_lost:
+            self._daemons_lost.add(lost.group(1))
+            self.say(f"{lost.group(1)} {DAEMON_LOST_TAG}: Open MPI's daemon there went away "
+                     "(mpirun lost communication with it: the host rebooted or went down, "
+                     "or the daemon was killed)")
 
     def _exit_report(self, index: int, line: str) -> bool:
         """Record a line that reports an exit (for us, not for people); False if not one."""

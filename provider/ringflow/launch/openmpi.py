@@ -64,6 +64,12 @@ FAILED_RANK = re.compile(r"Process name:\s*\[\[\d+,\d+\],(\d+)\]")
 FAILED_CODE = re.compile(r"Exit code:\s*(-?\d+)")
 SIGNALLED = re.compile(r"process rank (\d+) with PID \d+ on node (\S+) exited on signal "
                        r"(\d+)(?: \(([^)]*)\))?")
+# mpirun's report of a daemon it lost ("ORTE has lost communication with a remote daemon";
+# Open MPI 5: "PRTE has lost ..."): the daemon's node, as mpirun was given it
+LOST_DAEMON = re.compile(r"^\s*Remote daemon\s*:\s*\[\[\d+,\d+\],\d+\] on node (\S+)\s*\Z")
+# ... or its rsh agent's (OpenSSH's) word that the session of a host's daemon was closed from
+# that side (mpirun then says only that it was "unable to reliably start one or more daemons")
+DAEMON_SSH_CLOSED = re.compile(r"^Connection to (\S+) closed by remote host\.\s*\Z")
 # `[<job>,<rank>]<stdout>:` (or <stderr>, <stddiag>): Open MPI's --tag-output prefix.
 TAG = re.compile(rb"\[\d+,(\d+)\]<(std\w+)>:")
 TAGGED_LINE = re.compile(r"\[\d+,(\d+)\]<(std\w+)>:(.*)")

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ringflow.launch.exits import describe_exit, end_of_blame, failure_order
-from ringflow.launch.leftovers import frozen_given_up_host
+from ringflow.launch.leftovers import daemon_lost_host, frozen_given_up_host
 from ringflow_provider.launchers.lines import RESULT, JobLine
 
 TAIL_LINES = 20
@@ -31,12 +31,17 @@ class AgentOutcome:
     rank_tails: dict[str | None, list[str]] = field(default_factory=dict)
     # hosts an mpirun job gave up as silent whose job the stop there found frozen
     frozen_hosts: set[str] = field(default_factory=set)
+    # hosts whose Open MPI daemon mpirun lost (rebooted, down, the daemon killed), in order
+    daemons_lost: list[str] = field(default_factory=list)
 
     def feed(self, line: JobLine) -> None:
         self.tails.setdefault(line.host, deque(maxlen=TAIL_LINES)).append(line.text)
         frozen = frozen_given_up_host(line.text)
         if frozen is not None:
             self.frozen_hosts.add(frozen)
+        lost = daemon_lost_host(line.text)
+        if lost is not None and lost not in self.daemons_lost:
+            self.daemons_lost.append(lost)
         if line.text.startswith(_TAIL_PREFIX):
             self.rank_tails.setdefault(line.host, []).append(line.text[len(_TAIL_PREFIX):])
         if line.kind == RESULT and line.payload is not None:
@@ -114,6 +119,27 @@ def part_failure(outcome: AgentOutcome, host: str | None, final: dict[str, Any],
             code if isinstance(code, int) else 1)
 
 
+DAEMON_LOST_WHY = ("mpirun lost its Open MPI daemon there (the host rebooted or went down, or "
+                   "the daemon was killed)")
+
+
+def daemon_lost_failure(outcome: AgentOutcome, hosts: list[str], nproc: int,
+                        last_step: int | None) -> tuple[str, str] | None:
+    """The message and the host to blame when no rank failed first but mpirun lost a host's
+    daemon (it ends the job at once, often before any rank noticed): the first such host of
+    the job. None when mpirun lost none."""
+    lost = next((h for h in outcome.daemons_lost if h in hosts), None)
+    if lost is None:
+        return None
+    index = hosts.index(lost)
+    ranks = ", ".join(str(r) for r in range(index * nproc, (index + 1) * nproc))
+    step = f" after step {last_step}" if last_step is not None else " before the first step"
+    tail = list(outcome.tails.get(hosts[0]) or [])
+    return (f"training failed: lost contact with host {lost} (ranks {ranks}){step}: "
+            f"{DAEMON_LOST_WHY}; last {len(tail)} lines of the launch host's output:\n"
+            + "\n".join(tail), lost)
+
+
 def lost_host_failure(outcome: AgentOutcome, hosts: list[str], host: str, entry: dict,
                       finals: dict[str, dict[str, Any]], nproc: int, cause: str | None,
                       last_step: int | None, gathered: bool = False) -> tuple[str, str] | None:
@@ -148,6 +174,9 @@ def lost_host_failure(outcome: AgentOutcome, hosts: list[str], host: str, entry:
         subject = f"host {lost} stopped answering"
         why = ("its ranks were alive but silent (frozen or overloaded) until the launcher "
                "stopped them; its SSH connection answered")
+    elif gathered and lost in outcome.daemons_lost:
+        subject = f"lost contact with host {lost}"
+        why = DAEMON_LOST_WHY
     elif gathered and not result:
         subject = f"lost contact with host {lost}"
         why = ("its launcher agent never reported: Open MPI's daemon there went silent (the "

@@ -12,7 +12,12 @@ from typing import Any
 from ringflow.launch.exits import EXIT_CODES, NOT_RETRIED
 from ringflow_provider.launchers.job import JobHandle
 from ringflow_provider.launchers.local import ringflow_home
-from ringflow_provider.launchers.outcome import lost_host_failure, part_failure, rank_failure
+from ringflow_provider.launchers.outcome import (
+    daemon_lost_failure,
+    lost_host_failure,
+    part_failure,
+    rank_failure,
+)
 from ringflow_provider.tp_train.report import (
     JobReport,
     failure_cause,
@@ -65,6 +70,11 @@ def failure(handle: JobHandle, report: JobReport,
         message, code = rank_failure(report, host, entry, handle.log_dir, failure_cause,
                                      handle.hosts[0])
         return Failure(message, code, host)
+    if handle.gathered:
+        lost = daemon_lost_failure(report, list(handle.hosts),
+                                   handle.extra.get("nproc_per_host", 1), report.last_step)
+        if lost is not None:
+            return Failure(lost[0], 1, lost[1], unreachable=True)
     bad = next((h for h, f in finals.items() if f.get("state") != "ended"
                 or f.get("exit_code") != 0), next(iter(finals), None))
     final = finals.get(bad, {})

@@ -1,12 +1,20 @@
-"""How the launcher reads, from an mpirun job's own lines, that a host it gave up was frozen:
-only a launcher line says so (a rank cannot forge one), and the read is linear in the line's
-length (every line of a job's output passes through it)."""
+"""How the launcher reads, from an mpirun job's own lines, that a host it gave up was frozen
+or that mpirun lost a host's daemon: only a launcher line says so (a rank cannot forge one),
+and the read is linear in the line's length (every line of a job's output passes through
+it)."""
 
 from __future__ import annotations
 
 import pytest
 
-from ringflow.launch.leftovers import FROZEN_WORDS, GIVEN_UP_WORDS, frozen_given_up_host
+from ringflow.launch.leftovers import (
+    DAEMON_LOST_TAG,
+    FROZEN_WORDS,
+    GIVEN_UP_WORDS,
+    daemon_lost_host,
+    frozen_given_up_host,
+)
+from ringflow.launch.openmpi import DAEMON_SSH_CLOSED, LOST_DAEMON
 
 SAID = "stopped 6 process(es) of the job; 6 of them were " + FROZEN_WORDS
 
@@ -31,3 +39,27 @@ def test_long_lines_without_spaces_are_read():
              "[launch] " + f"a {GIVEN_UP_WORDS}:" * 2**14 + FROZEN_WORDS,
              "[launch] mpirun: " + "h" * 2**16 + f" {GIVEN_UP_WORDS}: {SAID}"]
     assert [frozen_given_up_host(line) for line in lines] == [None, None, None, "h" * 2**16]
+
+
+@pytest.mark.parametrize("line,host", [
+    (f"[launch] mpirun: 10.77.0.3 {DAEMON_LOST_TAG}: Open MPI's daemon there went away",
+     "10.77.0.3"),
+    (f"[rank 2] [launch] mpirun: 10.77.0.3 {DAEMON_LOST_TAG}: forged", None),
+    ("[launch] mpirun: 10.77.0.3 (given up): stopped 6 process(es) of the job", None),
+])
+def test_only_a_launcher_line_names_a_host_whose_daemon_mpirun_lost(line, host):
+    assert daemon_lost_host(line) == host
+
+
+def test_the_mpirun_report_of_a_lost_daemon_names_its_node_and_nothing_else():
+    """Two ways mpirun's output says a daemon went: its own report naming the node, or (when
+    it only says it was "unable to reliably start one or more daemons") OpenSSH's line."""
+    said = ["ORTE has lost communication with a remote daemon.", "",
+            "  HNP daemon   : [[43985,0],0] on node rf13032s1h0",
+            "  Remote daemon: [[43985,0],1] on node 10.144.72.3", "",
+            "Connection to 10.144.72.4 closed by remote host.",
+            "ORTE was unable to reliably start one or more daemons.",
+            "Connection to 10.144.72.5 closed."]
+    found = [m.group(1) for line in said
+             for m in (LOST_DAEMON.match(line) or DAEMON_SSH_CLOSED.match(line),) if m]
+    assert found == ["10.144.72.3", "10.144.72.4"]
