@@ -1,6 +1,8 @@
 """One job under Open MPI's mpirun, as a plan of app contexts describes it: mpirun started,
 its output joined into whole tagged lines, signals forwarded, the first failing process
-named, this host's leftovers stopped, a failed job's shared memory swept on every host.
+named, a host whose processes went silent given up (what is left there is stopped over SSH:
+`ringflow.launch.silent_hosts`), this host's leftovers stopped, a failed job's shared memory
+swept on every host.
 
 mpirun does the rest as poprun relies on it to: a non-zero exit or a signal of any process
 stops all the others, and mpirun's exit code is the first failing process's.
@@ -14,7 +16,6 @@ import contextlib
 import ctypes
 import os
 import secrets as token_source
-import shlex
 import signal
 import subprocess
 import sys
@@ -31,7 +32,6 @@ from ringflow.launch.leftovers import (
     GIVEN_UP_WORDS,
     ancestors,
     job_processes,
-    stop_frozen_job_command,
     stop_processes,
 )
 from ringflow.launch.line_writer import LineWriter
@@ -51,7 +51,8 @@ from ringflow.launch.openmpi import (
     mpirun_argv,
     one_per_host_argv,
 )
-from ringflow.launch.secret_drop import SecretDrop, is_this_host, rsh_command
+from ringflow.launch.secret_drop import SecretDrop
+from ringflow.launch.silent_hosts import HostStops
 from ringflow.launch.watchdog import WatchdogClient
 
 __all__ = ["Lifeline", "MpirunJob"]
@@ -67,14 +68,6 @@ SILENT_WORDS = "no exit report from process(es)"
 # report: Open MPI waits for a daemon on a host that vanished until TCP gives up (minutes)
 SILENT_GRACE_S = 10.0
 SILENT_KILL_S = 2.0  # ... then SIGTERM, and SIGKILL this long after (it waits for them too)
-# a host given up whose SSH still answers (its job frozen: SIGSTOPped, Open MPI's daemon with
-# it) has its job's processes continued and stopped over SSH meanwhile (SILENT_STOP_GRACE_S
-# from SIGTERM to SIGKILL, SILENT_STOP_S in all at most); a host whose SSH has not answered
-# SILENT_CONNECT_S after the give-up, when mpirun has ended, is not waited for (cut off)
-SILENT_STOP_GRACE_S = 1.0
-SILENT_STOP_S = 6.0
-SILENT_CONNECT_S = 1.0
-_CONNECTED = "ringflow-connected"
 _PR_SET_PDEATHSIG = 1
 _SWEEP = ("import sys\nfrom ringflow.launch.shm import sweep_job_segments\n"
           "removed = sweep_job_segments(sys.argv[1])\n"
@@ -145,10 +138,8 @@ class MpirunJob:
         self._began_exit: dict[int, float] = {}
         self._after_peer_failure: set[int] = set()  # processes that reported seeing one
         self.silent: list[int] = []  # processes that never reported after another failed
-        # stopping what is left on the hosts given up: (thread, its SSH answered, its ssh)
-        self._silent_stops: list[tuple[threading.Thread, threading.Event,
-                                       list[subprocess.Popen[str]]]] = []
-        self._gave_up_at = 0.0
+        # stopping, over SSH, what is left on the hosts given up
+        self._host_stops = HostStops(self.environ, lambda: self._token, self.say)
 
     # output -------------------------------------------------------------------------------
     def say(self, text: str) -> None:
@@ -260,7 +251,7 @@ class MpirunJob:
         try:
             code = self._run_mpirun(argv, env)
         finally:
-            self._join_silent_stops()
+            self._host_stops.join()
             self._stop_leftovers(identity.token)
             for problem in drop.remove(lost={self.plan.host_of(i) for i in self.silent}):
                 self.say(f"warning: {problem}")
@@ -366,90 +357,20 @@ class MpirunJob:
                  "stopping mpirun")
         with contextlib.suppress(ProcessLookupError):
             proc.terminate()
-        self._stop_over_ssh([self.plan.host_of(i) for i in self.silent], GIVEN_UP_WORDS)
+        self._host_stops.start([self.plan.host_of(i) for i in self.silent], GIVEN_UP_WORDS)
         return True
 
     def _stop_unreported(self) -> None:
         """mpirun ended on a stop from here without an exit report from some processes: on
         a frozen host (its daemon frozen with them) or a lost one it could not stop them.
         What is left of the job on their hosts is stopped over SSH."""
-        self._stop_over_ssh([self.plan.host_of(i) for i in self._unreported()],
-                            "(after the stop)")
+        self._host_stops.start([self.plan.host_of(i) for i in self._unreported()],
+                               "(after the stop)")
 
     def _unreported(self) -> list[int]:
         """The processes (by index) that sent no exit report."""
         reported = {index for _, index, _ in self._exits}
         return [i for i in range(len(self.plan.contexts)) if i not in reported]
-
-    def _stop_over_ssh(self, hosts: list[str], label: str) -> None:
-        """A stop over SSH on each of `hosts` but this one, in its own thread
-        (`_join_silent_stops` waits for them); its line names the host with `label`."""
-        self._gave_up_at = time.monotonic()
-        for host in dict.fromkeys(hosts):
-            if not is_this_host(host):
-                connected, procs = threading.Event(), []
-                stop = threading.Thread(target=self._stop_silent_host,
-                                        args=(host, connected, procs, label), daemon=True,
-                                        name=f"ringflow-stop-{host}")
-                stop.start()
-                self._silent_stops.append((stop, connected, procs))
-
-    def _stop_silent_host(self, host: str, connected: threading.Event,
-                          procs: list[subprocess.Popen[str]], label: str) -> None:
-        """Stop what runs of the job on a host given up as silent, over SSH (the job token
-        on ssh's stdin): mpirun cannot, its daemon there is gone or frozen with the job's
-        processes (SIGSTOP), which would stay stopped on the host for ever. A host cut off
-        does not answer: it is left to its own ranks (they stop by themselves when their
-        peers go silent)."""
-        command = shlex.join(stop_frozen_job_command(sys.executable, SILENT_STOP_GRACE_S))
-        pythonpath = os.environ.get("PYTHONPATH")
-        if pythonpath:
-            command = f"PYTHONPATH={shlex.quote(pythonpath)} {command}"
-        argv = [*rsh_command(self.environ), "-o", f"ConnectTimeout={SILENT_KILL_S:g}", host,
-                f"echo {_CONNECTED} && {command}"]
-        try:
-            proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, text=True)
-        except OSError as exc:
-            self.say(f"{host}: could not stop what is left of the job there: {exc}")
-            return
-        procs.append(proc)
-        assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
-        with contextlib.suppress(OSError):
-            proc.stdin.write(self._token + "\n")
-            proc.stdin.close()
-        said = []
-        for line in proc.stdout:
-            if line.strip() == _CONNECTED:
-                connected.set()
-            elif line.strip():
-                said.append(line.strip())
-        err = proc.stderr.read().strip()
-        code = proc.wait()
-        if not connected.is_set():
-            self.say(f"{host} did not answer to stop what is left of the job there"
-                     + (f": {err.splitlines()[-1]}" if err and code >= 0 else ""))
-        else:
-            self.say(f"{host} {label}: {(said or err.splitlines() or ['no output'])[-1]}")
-
-    def _join_silent_stops(self) -> None:
-        """Wait for the stops of the hosts given up (mpirun has ended): those whose SSH
-        answered until they are done (SILENT_STOP_S after the give-up at most); the others
-        until SILENT_CONNECT_S after the give-up, then their ssh is killed."""
-        for stop, connected, procs in self._silent_stops:
-            connect_by = self._gave_up_at + SILENT_CONNECT_S
-            while not connected.is_set() and stop.is_alive() and time.monotonic() < connect_by:
-                connected.wait(0.05)
-            if not connected.is_set():
-                for proc in procs:
-                    with contextlib.suppress(ProcessLookupError):
-                        proc.kill()
-            stop.join(max(0.0, self._gave_up_at + SILENT_STOP_S - time.monotonic()))
-            if stop.is_alive():
-                for proc in procs:
-                    with contextlib.suppress(ProcessLookupError):
-                        proc.kill()
-                stop.join(1.0)
 
     def _stop_leftovers(self, token: str) -> None:
         left = job_processes(token, exclude=ancestors())
