@@ -135,16 +135,16 @@ def rank_program(spec: JobSpec, world_size: int, rank: int = 0):
     prints are swallowed and the fleet state of this process is left as it was."""
     from ..distributed import fleet
     from ..distributed.role_maker import UserDefinedRoleMaker
-    from . import worker
+    from . import build
 
     role = UserDefinedRoleMaker(is_collective=True, current_id=rank,
                                 worker_endpoints=[f"127.0.0.1:{6170 + i}"
                                                   for i in range(world_size)])
     with _fleet_state_kept(), contextlib.redirect_stdout(io.StringIO()), \
             contextlib.redirect_stderr(io.StringIO()):
-        fleet.init(role, is_collective=True, strategy=worker._strategy(spec))
+        fleet.init(role, is_collective=True, strategy=build.job_strategy(spec))
         try:
-            main, _, _, _ = worker.build_programs(spec)
+            main, _, _, _ = build.build_programs(spec)
         except ConfigError:
             raise
         except Exception as exc:  # the builder's own code

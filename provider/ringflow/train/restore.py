@@ -82,7 +82,7 @@ def load(path: str) -> Restored:
     """The checkpoint at ``path`` (see ``find_checkpoint``) in this process."""
     from ..executor import Scope
     from ..framework.program import Program, program_guard
-    from .worker import build_model
+    from .build import build_model
 
     checkpoint = find_checkpoint(path)
     meta = read_meta(checkpoint.shard(0))
