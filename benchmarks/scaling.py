@@ -24,9 +24,11 @@ import argparse
 import itertools
 import json
 import os
+import socket
 import statistics
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -64,19 +66,41 @@ FOUR_RANKS_ONLY = ("A",)   # B with 4 full replicas on 2 cores takes minutes a r
 
 # ------------------------------------------------------------------------------ measuring
 def _one_process(py: str, shape: str, batch: int, threads: int, copies: int = 1) -> dict:
-    """train_parallel.py's worker alone, ``copies`` of it at once; the slowest copy's
-    record (its median step)."""
+    """train_parallel.py's worker alone, ``copies`` of it at once, in lock step (a barrier
+    before every step: a job's ranks meet at every collective, so they do their GEMMs and
+    their updates at the same time, and contend for the memory bus as copies out of phase
+    would not); the slowest copy's record (its median step)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PADDLE_", "RINGFLOW_"))}
     env.update(PYTHONPATH=host_pythonpath(), BENCH_BATCH=str(batch), BENCH_MP="1",
                OPENBLAS_THREAD_TIMEOUT="18", RINGFLOW_NUM_THREADS=str(threads),
                **{v: str(threads) for v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS",
                                               "MKL_NUM_THREADS")})
-    procs = [subprocess.Popen([py, str(HERE / "train_parallel.py"), "--worker", "ringflow",
-                               "--shape", shape], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.DEVNULL, text=True) for _ in range(copies)]
-    recs = [json.loads(p.communicate(timeout=1800)[0].split("BENCH ", 1)[1].splitlines()[0])
-            for p in procs]
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        if copies > 1:
+            env["BENCH_LOCKSTEP"] = str(server.getsockname()[1])
+            barrier = threading.Thread(target=_barrier, args=(server, copies), daemon=True)
+            barrier.start()
+        procs = [subprocess.Popen([py, str(HERE / "train_parallel.py"), "--worker", "ringflow",
+                                   "--shape", shape], env=env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.DEVNULL, text=True) for _ in range(copies)]
+        recs = [json.loads(p.communicate(timeout=1800)[0].split("BENCH ", 1)[1]
+                           .splitlines()[0]) for p in procs]
     return max(recs, key=lambda r: statistics.median(r["step_ms"]))
+
+
+def _barrier(server: socket.socket, copies: int) -> None:
+    """Release every copy's next step once all of them asked for it, until one is done."""
+    server.settimeout(600)
+    conns = [server.accept()[0] for _ in range(copies)]
+    try:
+        while all(conn.recv(1) for conn in conns):
+            for conn in conns:
+                conn.sendall(b"g")
+    except OSError:
+        pass
+    finally:
+        for conn in conns:
+            conn.close()
 
 
 def calibrate(py: str, label: str, shapes: list[str], hosts=None) -> list[dict]:

@@ -134,7 +134,11 @@ def run_ringflow(shape: str) -> dict | None:
     feed = {k: v[dp_rank * batch // dp:(dp_rank + 1) * batch // dp] for k, v in full.items()}
     warmup, steps = STEPS[shape]
     times, comm, waited, update = [], [], [], []
+    lockstep = _lockstep()
     for k in range(warmup + steps):
+        if lockstep is not None:   # every copy begins the step together, as a job's ranks do
+            lockstep.sendall(b"r")
+            lockstep.recv(1)
         busy0 = sum(s.busy_s for s in exe._streams.values())
         exe.reset_profile()
         t0 = time.perf_counter()
@@ -159,6 +163,13 @@ def run_ringflow(shape: str) -> dict | None:
             "update_threads": os.environ.get("RINGFLOW_NUM_THREADS"),
             "blas_threads": os.environ.get("OPENBLAS_NUM_THREADS"),
             "blas_timeout": os.environ.get("OPENBLAS_THREAD_TIMEOUT")}
+
+
+def _lockstep() -> socket.socket | None:
+    """With BENCH_LOCKSTEP=<port> (scaling.py's calibration of several copies): a connection
+    to the barrier that starts every copy's steps together."""
+    port = os.environ.get("BENCH_LOCKSTEP")
+    return socket.create_connection(("127.0.0.1", int(port))) if port else None
 
 
 def _state_bytes(main, scope) -> int:
