@@ -5,16 +5,19 @@
 
 - compute: the forward and backward pass of one rank at its share of the global batch,
   measured in one process at that batch and that rank's BLAS threads while as many copies
-  of it run beside it as the layout has ranks on the machine (``fb_ms``: so the caches,
-  the memory bus and, beyond the cores, the cores themselves are shared as in the layout).
+  of it run beside it as the layout has ranks on the machine, in lock step (``fb_ms``: so
+  the caches, the memory bus and, beyond the cores, the cores themselves are shared as in
+  the layout, whose ranks meet at every collective).
 - update: Adam is bound by memory bandwidth, which the ranks of a machine share: the
   parameters updated at once on the machine times the per-element time of one process
   using the whole machine (``upd_ns``). Plain data parallelism updates every parameter on
-  every rank; sharding 1/n of them per rank.
+  every rank; sharding 1/n of them per rank. Stage 2 with several gradient buckets copies
+  every gradient through a staging buffer once more (2 array passes against Adam's 7).
 - communication: per collective, an alpha-beta cost with alpha (s per hand-off) and beta
   (bytes/s per rank) of the transport it crosses (``links``: shared memory, TCP on this
   host, TCP between namespace hosts; shared memory with 4 ranks on the 2 cores apart, where a
-  hand-off waits for a descheduled peer), in the algorithm's form:
+  hand-off waits for a descheduled peer: with more ranks than cores every link is slowed as
+  shared memory was), in the algorithm's form:
     ring over n positions: all-reduce 2(n-1) alpha + 2(n-1)/n S / beta, reduce-scatter and
     all-gather (n-1) alpha + (n-1)/n S / beta each;
     in place on one host (shared arrays): 3 hand-offs for the all-reduce, 2 for each half,
@@ -33,6 +36,8 @@ import math
 from dataclasses import dataclass, field
 
 MB = 1 << 20
+BUCKET_BYTES = 32 * MB   # BuildStrategy.fuse_grad_size_in_MB's default
+ADAM_PASSES, COPY_PASSES = 7, 2   # arrays read or written per element: Adam's update, a copy
 
 
 @dataclass(frozen=True)
@@ -119,6 +124,11 @@ def step_parts(cal: Calibration, lay: Layout) -> dict[str, float]:
     compute = cal.compute(cal.batch // n, threads, copies)
     per_rank = cal.params * cal.share(n) if lay.stage else cal.params
     update = per_rank * ranks_on_cores * cal.upd_ns * 1e-9 * (cal.cores / cores)
+    if lay.stage == 2 and 4.0 * cal.params > BUCKET_BYTES:
+        # stage 2 with several buckets stages each reduced bucket through a buffer: one more
+        # read and write of every gradient, memory-bound like Adam's seven passes
+        update += COPY_PASSES / ADAM_PASSES * cal.params * ranks_on_cores * cal.upd_ns * 1e-9 \
+            * (cal.cores / cores)
     return {"compute": compute, "update": update, "comm": comm_seconds(cal, lay)}
 
 
@@ -127,10 +137,10 @@ def comm_seconds(cal: Calibration, lay: Layout) -> float:
     n = lay.n
     if n == 1:
         return 0.0
+    crowded = lay.cores_per_host is None and n > cal.cores and f"shm{n}" in cal.links
     local = cal.links["tcp"] if lay.link == "tcp" else (
-        # more ranks than cores on one host: hand-offs as measured with that many ranks
-        cal.links.get(f"shm{n}", cal.links["shm"]) if lay.hosts == 1 and n > cal.cores
-        else cal.links["shm"])
+        # more ranks than cores: hand-offs as measured with that many ranks
+        cal.links[f"shm{n}"] if crowded else cal.links["shm"])
     share = cal.share(n)
     if lay.hosts == 1:
         if lay.link == "shm":
@@ -138,13 +148,16 @@ def comm_seconds(cal: Calibration, lay: Layout) -> float:
                 local.in_place(n, nbytes, 1, share) * 2
         return local.ring(n, nbytes) if not lay.stage else local.ring(n, nbytes, 1, share) * 2
     net = cal.links["net"]
+    if crowded:   # every link's hand-offs wait for descheduled peers as shared memory's did
+        shm, more = cal.links["shm"], cal.links[f"shm{n}"]
+        net = Link(net.alpha + more.alpha - shm.alpha, net.beta * more.beta / shm.beta)
     if lay.stage:     # the flat host-major ring: each step waits for the slowest hop
         slow = Link(max(net.alpha, local.alpha), min(net.beta, local.beta))
         return 2 * slow.ring(n, nbytes, 1, share)
     if lay.per_host == 1:
         return net.ring(lay.hosts, nbytes)
     shared_link = Link(net.alpha, net.beta / lay.per_host)
-    return 2 * cal.links["shm"].in_place(lay.per_host, nbytes, 1) \
+    return 2 * local.in_place(lay.per_host, nbytes, 1) \
         + shared_link.ring(lay.hosts, nbytes / lay.per_host)
 
 
