@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import scaling_model as sm  # noqa: E402
+import scaling_model as sm
 
 SHM, SHM4 = sm.Link(10e-6, 10e9), sm.Link(60e-6, 4e9)
 NET = sm.Link(20e-6, 1e9)
