@@ -225,8 +225,13 @@ def test_compiled_files_python_wrote_into_the_copy_are_removed_and_the_copy_reus
              "'import ringflow.launch.jobdir'", timeout=30)
     caches = lambda: list((cache(host) / BUNDLE.name).rglob("__pycache__"))  # noqa: E731
     assert caches()
+    folders = lambda: {p: p.stat().st_mode for p in (cache(host) / BUNDLE.name).rglob("*")  # noqa: E731
+                       if p.is_dir() and "__pycache__" not in p.parts}
+    before = folders()
     again = ship_to(hook, host.address, BUNDLE)
     assert (again.installed, again.replaced, caches()) == (False, "", [])
+    # no folder was made writable on the way (another job's check would set the copy aside)
+    assert folders() == before and all(m & 0o777 == 0o555 for m in before.values())
 
 
 def test_a_host_whose_sshd_offers_no_sftp_fails_the_ship_naming_it(netns_host):

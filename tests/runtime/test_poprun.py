@@ -16,7 +16,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -37,6 +36,7 @@ from ringflow.launch.openmpi import (
 from ringflow.poprun import PopRunJob, mpirun_argv, parse_poprun_args
 from ringflow.poprun.args import HelpRequested
 from ringflow_provider.poprun import build_poprun_argv, parse_config
+from tests.runtime.distributed.spawn import free_ports
 
 REPO = Path(__file__).resolve().parents[2]
 POPRUN = [sys.executable, "-m", "ringflow.poprun"]
@@ -533,11 +533,7 @@ dist.all_reduce(x)
 
 @pytest.mark.multiproc
 def test_ringflow_workers_report_when_they_begin_to_exit_and_the_cause_is_named(mpirun):
-    with contextlib.ExitStack() as stack:  # two free ports
-        socks = [stack.enter_context(socket.socket()) for _ in range(2)]
-        for sock in socks:
-            sock.bind(("127.0.0.1", 0))
-        ports = ",".join(f"127.0.0.1:{s.getsockname()[1]}" for s in socks)
+    ports = ",".join(f"127.0.0.1:{p}" for p in free_ports(2))
     out = poprun(["--num-instances=2", f"--mpi-local-args=-x PADDLE_TRAINERS_NUM=2 -x "
                   f"PADDLE_TRAINER_ENDPOINTS={ports}",
                   "--instance-mpi-local-args=0:-x PADDLE_TRAINER_ID=0",

@@ -66,22 +66,17 @@ def runtime_bundle(package_dir: Path | None = None) -> RuntimeBundle:
 
 
 # Runs under the host's python: every entry of a copy as `<sha256|dir|other> <mode> <path>`
-# (relative, sorted). Python's __pycache__ folders are removed first and never listed (a root
-# login writes them despite the modes; a job of that login may be writing one right now, so
-# one that cannot be removed is left to it).
+# (relative, sorted). Python's __pycache__ folders are removed first and never listed: only a
+# root login can have written them (the folders are read-only), and root removes them without
+# making a folder writable first, which a check of another job running at the same moment
+# would see as a changed mode and set the copy aside while a job uses it. One that cannot be
+# removed (a job of that login writing it right now) is left to it.
 _VERIFY = """import hashlib, os, shutil, stat, sys
 root = sys.argv[1]
 for top, dirs, files in os.walk(root):
     for d in [d for d in dirs if d == "__pycache__"]:
         dirs.remove(d)
-        mode = stat.S_IMODE(os.lstat(top).st_mode)
-        try:
-            os.chmod(top, mode | 0o700)
-            shutil.rmtree(os.path.join(top, d))
-        except OSError:
-            pass
-        finally:
-            os.chmod(top, mode)
+        shutil.rmtree(os.path.join(top, d), ignore_errors=True)
 out = []
 for top, dirs, files in os.walk(root):
     dirs[:] = [d for d in dirs if d != "__pycache__"]

@@ -8,25 +8,25 @@ from __future__ import annotations
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
-from contextlib import ExitStack, suppress
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from ringflow.launch.ports import pick_base_port
 
 WORKERS = Path(__file__).parent / "workers"
 
 
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
-    with ExitStack() as stack:
-        ports = []
-        for _ in range(count):
-            s = stack.enter_context(socket.socket())
-            s.bind((host, 0))
-            ports.append(s.getsockname()[1])
-        return ports
+    """`count` consecutive ports free on every address, below the machine's ephemeral range,
+    as the launcher picks them: a port from that range that is free now can become the local
+    end of a connection another process (another test worker's job) opens before the rank
+    binds it."""
+    base = pick_base_port(count)
+    return list(range(base, base + count))
 
 
 def contract_env(rank: int, endpoints: list[str], job_id: str, token: str,
