@@ -104,20 +104,29 @@ def timing(step: int, own: list[float], wait: list[float]) -> JobLine:
 
 
 def test_a_straggler_is_warned_of_once_until_it_falls_further_behind_or_catches_up():
-    present = Presenter(100)
-    level, text = present(timing(20, [0.010, 0.030, 0.011], [0.020, 0.001, 0.019]))
+    present = Presenter(120)
+    # the first window is the warm-up: its times shown, no straggler named from it
+    level, text = present(timing(20, [0.030, 0.010, 0.011], [0.001, 0.020, 0.019]))
+    assert level == "info" and text.startswith("host step times, steps 1-20 ")
+    level, text = present(timing(40, [0.010, 0.030, 0.011], [0.020, 0.001, 0.019]))
     assert level == "warning" and text == (
-        "straggler: host 10.0.0.3 is 2.9 x slower than the other hosts, steps 1-20: its "
+        "straggler: host 10.0.0.3 is 2.9 x slower than the other hosts, steps 21-40: its "
         "ranks' own work takes 0.0300 s per step, theirs 0.0105 s, and they wait 0.0195 s "
         "per step for it in the all-reduce")
     # as slow again: one line of each host's times, no new warning
-    level, text = present(timing(40, [0.010, 0.031, 0.011], [0.020, 0.001, 0.019]))
+    level, text = present(timing(60, [0.010, 0.031, 0.011], [0.020, 0.001, 0.019]))
     assert level == "info" and text == (
-        "host step times, steps 21-40 (own work / waiting in the all-reduce, per step): "
+        "host step times, steps 41-60 (own work / waiting in the all-reduce, per step): "
         "10.0.0.2 0.0100 / 0.0200 s, 10.0.0.3 0.0310 / 0.0010 s, 10.0.0.4 0.0110 / 0.0190 s")
-    assert present(timing(60, [0.010, 0.040, 0.011], [0.020, 0.001, 0.019]))[0] == "warning"
-    assert present(timing(80, [0.010, 0.011, 0.011], [0.001, 0.001, 0.001]))[0] == "info"
-    assert present(timing(100, [0.010, 0.030, 0.011], [0.020, 0.001, 0.019]))[0] == "warning"
+    assert present(timing(80, [0.010, 0.040, 0.011], [0.020, 0.001, 0.019]))[0] == "warning"
+    assert present(timing(100, [0.010, 0.011, 0.011], [0.001, 0.001, 0.001]))[0] == "info"
+    assert present(timing(120, [0.010, 0.030, 0.011], [0.020, 0.001, 0.019]))[0] == "warning"
+
+
+def test_a_resumed_try_s_first_window_is_its_warm_up():
+    present = Presenter(200, first_step=101)
+    assert present(timing(120, [0.010, 0.030, 0.011], [0.020, 0.001, 0.019]))[0] == "info"
+    assert present(timing(140, [0.010, 0.030, 0.011], [0.020, 0.001, 0.019]))[0] == "warning"
 
 
 def test_tiny_differences_and_malformed_timing_lines_name_no_straggler():

@@ -143,11 +143,14 @@ class Presenter:
 
     def _timing(self, payload: Mapping[str, Any]) -> tuple[str, str]:
         """A straggler as a warning (when first seen, or a quarter slower than last said),
-        else each host's step times as one line."""
+        else each host's step times as one line. The try's first window is its warm-up (the
+        first step builds and allocates what the others reuse, unevenly across hosts): its
+        times are shown, no straggler is named from it."""
         last, steps = payload.get("step"), payload.get("steps")
-        window = f"steps {last - steps + 1}-{last}" if isinstance(last, int) and \
-            isinstance(steps, int) else "recent steps"
-        slow = stragglers(payload)
+        known = isinstance(last, int) and isinstance(steps, int)
+        window = f"steps {last - steps + 1}-{last}" if known else "recent steps"
+        warm_up = known and last - steps + 1 <= (self.first_step or 1)
+        slow = [] if warm_up else stragglers(payload)
         for host in [h for h in self._warned if h not in {s[0] for s in slow}]:
             del self._warned[host]  # it caught up: say it again if it falls behind
         news = [s for s in slow if s[1] >= 1.25 * self._warned.get(s[0], 0.0)]
