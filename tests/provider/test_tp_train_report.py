@@ -183,3 +183,12 @@ def test_a_host_whose_daemon_mpirun_lost_is_named_when_no_rank_failed_first():
     assert message.startswith("training failed: lost contact with host 10.0.0.3 (ranks 2, 3) "
                               "after step 41: mpirun lost its Open MPI daemon there"), message
     assert daemon_lost_failure(JobReport(), ["10.0.0.2", "10.0.0.3"], 2, 41) is None
+
+
+def test_a_hosts_clock_within_the_round_trip_of_its_reading_is_taken_as_agreeing():
+    """A reading whose way back took 3 s (a busy worker) is no skew; 30 s behind is."""
+    from ringflow_provider.launchers.base import clock_offset
+
+    assert clock_offset(1000.0, 1003.0, 1000.2) == 0.0
+    assert clock_offset(1000.0, 1000.1, 970.05) == 30.05
+    assert clock_offset(1000.0, 1000.1, 1030.0) == -29.9

@@ -258,14 +258,15 @@ class Launcher:
         """Each host's clock against this one (seconds to add to a time its ringflow
         processes report), from when each host's reading of its clock arrived here: the
         failures of different hosts are ordered on this process's clock, so a host whose
-        clock is skewed does not come first by its own account. Error: the reading's way
-        back (milliseconds). A host that does not answer gets none (its own clock counts)."""
+        clock is skewed does not come first by its own account (`clock_offset`). A host
+        that does not answer gets none (its own clock counts)."""
         def sample(host: str) -> float | None:
             try:
+                sent = time.time()
                 code, out, _ = self.run(host, commands.clock_command(self.runtime(host)),
                                         timeout=self.conn_timeout)
                 arrived = time.time()
-                return round(arrived - float(out.strip().splitlines()[-1]), 3) \
+                return clock_offset(sent, arrived, float(out.strip().splitlines()[-1])) \
                     if code == 0 else None
             except (LaunchError, ValueError, IndexError):
                 return None
@@ -458,3 +459,15 @@ class Launcher:
                     self.log.info("host %s: try %d's job was still running: %s", part.host,
                                   handle.try_number, (out + err).strip())
         self.stop_leftovers(task)
+
+
+def clock_offset(sent: float, arrived: float, remote: float) -> float:
+    """Seconds to add to a host's times, from its clock's reading `remote` taken somewhere
+    between `sent` and `arrived` (this clock): the reading at its arrival, unless this
+    clock could have read the same at some moment of the round trip; then none. A host
+    whose clock agrees within the round trip is taken as agreeing: a round trip slowed by
+    load (seconds, on a busy worker) would otherwise skew the order of failures by as much.
+    Error: the round trip, for a host whose clock is further off than that."""
+    if sent - remote <= 0.0 <= arrived - remote:
+        return 0.0
+    return round(arrived - remote, 3)
