@@ -192,3 +192,14 @@ def test_a_hosts_clock_within_the_round_trip_of_its_reading_is_taken_as_agreeing
     assert clock_offset(1000.0, 1003.0, 1000.2) == 0.0
     assert clock_offset(1000.0, 1000.1, 970.05) == 30.05
     assert clock_offset(1000.0, 1000.1, 1030.0) == -29.9
+
+
+def test_the_failures_of_a_host_found_frozen_come_after_every_other_hosts():
+    """The frozen host's rank failed when the launcher continued it to stop it; whatever
+    time it reports (a clock's offset misread), the other host's failure comes first."""
+    report = JobReport()
+    for host, rank, at, blamed in (("a", 0, 1000.0, 3), ("b", 3, 999.0, 0)):
+        report.results[host] = {"status": "failed", "failed_rank": rank, "ranks": [
+            {"rank": rank, "ended_at": at, "after_peer_failure": True, "blamed_rank": blamed}]}
+    assert report.first_failure(["a", "b"])[0] == "b"
+    assert report.first_failure(["a", "b"], halted={"b"})[0] == "a"

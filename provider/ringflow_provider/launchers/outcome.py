@@ -49,7 +49,8 @@ class AgentOutcome:
             self.rank_tails.setdefault(line.host, [])
 
     def first_failure(self, hosts: list[str | None],
-                      clock_offsets: dict[str, float] | None = None
+                      clock_offsets: dict[str, float] | None = None,
+                      halted: set[str] | frozenset[str] = frozenset()
                       ) -> tuple[str | None, dict] | None:
         """(host, the failed rank's entry) of the rank that failed first across the hosts:
         one that failed on its own before one that saw a peer fail first, then by the time
@@ -57,7 +58,9 @@ class AgentOutcome:
         launcher's clock with that host's `clock_offsets` (`Launcher.clock_offsets`): a
         host whose clock is seconds behind does not come first by its own account. A failure
         that blamed a rank whose own failure another host reported leads to that one
-        (`end_of_blame`)."""
+        (`end_of_blame`). The failures of `halted` hosts (found frozen: their ranks ran
+        again only when the launcher continued them to stop them) come after every other
+        host's, whatever their times."""
         failed = []
         for index, host in enumerate(hosts):
             result = self.results.get(host) or {}
@@ -68,8 +71,8 @@ class AgentOutcome:
             began = entry.get("ended_at")
             if isinstance(began, (int, float)) and host is not None:
                 began += (clock_offsets or {}).get(host, 0.0)
-            failed.append((failure_order(bool(entry.get("after_peer_failure")), began,
-                                         index), host, entry))
+            failed.append(((host in halted, *failure_order(
+                bool(entry.get("after_peer_failure")), began, index)), host, entry))
         if not failed:
             return None
         first = min(failed, key=lambda f: f[0])

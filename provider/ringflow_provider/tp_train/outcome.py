@@ -57,7 +57,8 @@ def failure(handle: JobHandle, report: JobReport,
     """The rank that failed first across the hosts, with its cause and its log's tail; else
     the part that ended badly (an agent, a lost supervisor, a host)."""
     hosts: list[str | None] = list(handle.hosts) if handle.show_hosts else [None]
-    first = report.first_failure(hosts, handle.extra.get("clock_offsets"))
+    halted = {h for h, f in finals.items() if f.get("frozen")} | report.frozen_hosts
+    first = report.first_failure(hosts, handle.extra.get("clock_offsets"), halted)
     if first is not None:
         host, entry = first
         if handle.show_hosts:
