@@ -25,12 +25,22 @@ START, END = "<!-- fault-table -->", "<!-- end fault-table -->"
 _ADDRESS = re.compile(r"\b\d{1,3}\.\d{1,3}\.\d{1,3}\.\d{1,3}\b")
 
 
+_LAUNCHERS = {"ssh": 0, "mpirun": 1}
+_MODES = {"attached": 0, "deferred": 1}
+
+
 def newest(records: list[dict]) -> list[dict]:
-    """The newest record of each scenario, launcher and mode, in the order first seen."""
+    """The newest record of each scenario, launcher and mode: the scenarios in the order
+    first seen (tests run in parallel record them interleaved), each one's rows by launcher
+    (ssh, mpirun) and mode (attached, deferred)."""
     by_key: dict[tuple, dict] = {}
+    scenarios: dict[str, int] = {}
     for record in records:
+        scenarios.setdefault(record["scenario"], len(scenarios))
         by_key[(record["scenario"], record["launcher"], record["mode"])] = record
-    return list(by_key.values())
+    return sorted(by_key.values(), key=lambda r: (
+        scenarios[r["scenario"]], _LAUNCHERS.get(r["launcher"], len(_LAUNCHERS)), r["launcher"],
+        _MODES.get(r["mode"], len(_MODES)), r["mode"]))
 
 
 def table(records: list[dict]) -> str:

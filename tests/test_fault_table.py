@@ -75,3 +75,18 @@ def test_by_default_it_writes_the_troubleshooting_page_of_the_docs(tmp_path):
 def test_without_results_it_says_how_to_make_them(tmp_path):
     out = run("--results", str(tmp_path / "none.jsonl"), "--print")
     assert out.returncode == 1 and "run the fault tests first" in out.stderr
+
+
+def test_rows_recorded_interleaved_are_grouped_by_scenario_launcher_and_mode(tmp_path):
+    """Two test workers record their scenarios interleaved; the table groups them."""
+    rows = [{**row(scenario, launcher, None, "s"), "mode": mode} for scenario, launcher, mode in (
+        ("flap", "mpirun", "deferred"), ("partition", "ssh", "attached"),
+        ("flap", "ssh", "deferred"), ("partition", "mpirun", "attached"),
+        ("flap", "ssh", "attached"))]
+    out = run("--results", str(records(tmp_path / "r.jsonl", *rows)), "--print")
+    assert out.returncode == 0, out.stderr
+    got = [tuple(cell.strip() for cell in line.split("|")[1:4])
+           for line in out.stdout.splitlines()[2:7]]
+    assert got == [("flap", "ssh", "attached"), ("flap", "ssh", "deferred"),
+                   ("flap", "mpirun", "deferred"), ("partition", "ssh", "attached"),
+                   ("partition", "mpirun", "attached")]
