@@ -95,7 +95,9 @@ async function load() {
     shown = withTraining.map((run, i) => ({run, points: points[i]}));
     status.textContent = `${shown.length} run${shown.length === 1 ? "" : "s"} with training`;
     render();
-    if (withTraining.some(r => ACTIVE_STATES.has(r.task_state))) timer = setTimeout(load, POLL_MS);
+    // a run the scheduler has not given its tasks yet has no training to show, but will
+    if (data.runs.some(r => ACTIVE_STATES.has(r.state))
+        || withTraining.some(r => ACTIVE_STATES.has(r.task_state))) timer = setTimeout(load, POLL_MS);
   } catch (error) {
     status.textContent = `could not read the runs: ${error.message}`;
   }
