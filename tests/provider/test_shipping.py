@@ -230,7 +230,8 @@ def test_compiled_files_python_wrote_into_the_copy_are_removed_and_the_copy_reus
     before = folders()
     again = ship_to(hook, host.address, BUNDLE)
     assert (again.installed, again.replaced, caches()) == (False, "", [])
-    # no folder was made writable on the way (another job's check would set the copy aside)
+    # the check leaves every folder read-only (a moment's change in between, which another
+    # job's check would see, is not observable from here: the check no longer makes any)
     assert folders() == before and all(m & 0o777 == 0o555 for m in before.values())
 
 

@@ -15,18 +15,17 @@ from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ringflow.launch.ports import pick_base_port
+from ringflow.launch.env import free_ports as launcher_free_ports
 
 WORKERS = Path(__file__).parent / "workers"
 
 
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
-    """`count` consecutive ports free on every address, below the machine's ephemeral range,
-    as the launcher picks them: a port from that range that is free now can become the local
-    end of a connection another process (another test worker's job) opens before the rank
-    binds it."""
-    base = pick_base_port(count)
-    return list(range(base, base + count))
+    """`count` consecutive ports free on every address, below the machine's ephemeral range:
+    the launcher's own choice (`ringflow.launch.env.free_ports`). A port from that range that
+    is free now can become the local end of a connection another process (another test
+    worker's job) opens before the rank binds it."""
+    return launcher_free_ports(count)
 
 
 def contract_env(rank: int, endpoints: list[str], job_id: str, token: str,
