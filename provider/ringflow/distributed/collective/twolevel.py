@@ -1,4 +1,4 @@
-"""The two-level all-reduce of a ring that spans hosts with several ranks on each (NCCL's
+"""The two-level collectives of a ring that spans hosts with several ranks on each (NCCL's
 and Horovod's hierarchical all-reduce): a reduce-scatter among the L ranks of a host through
 shared memory, then an all-reduce of each rank's chunk over TCP with the ranks at the same
 local position on the other hosts, then an all-gather on the host again. A host sends
@@ -7,6 +7,14 @@ local position on the other hosts, then an all-gather on the host again. A host 
 
 Every rank ends with identical bytes: each chunk is reduced on a host by one rank in a fixed
 order, across hosts by the ring's fixed order, and copied from there.
+
+The halves of sharding (``reduce_scatter_v``, ``all_gather_v``: position p = h*L + l owns
+``chunks[p]``, any sizes) go the same two ways. Reduce-scatter: on each host, local position
+l reduces the host's share of every chunk owned by a rank at local position l (one
+shared-memory reduce-scatter per host block, h = 0..H-1), then the ranks at local position l
+reduce-scatter those H chunks over their TCP ring. All-gather is the reverse: the TCP ring
+first, then each host block on the host. A host sends (H-1)/H of the buffer across, over L
+connections at once; the flat ring sends (n-1)/n of it over one.
 """
 
 from __future__ import annotations
@@ -68,8 +76,6 @@ class TwoLevel:
     def __init__(self, layout: Layout, local: IntraHost, cross: Link, tcp_small_bytes: int,
                  segment_bytes: int, flat: ring.RingAlgorithm) -> None:
         self.flat = flat
-        self.reduce_scatter_v = flat.reduce_scatter_v
-        self.all_gather_v = flat.all_gather_v
         self.all_gather = flat.all_gather
         self.broadcast = flat.broadcast
         self.layout = layout
@@ -77,6 +83,9 @@ class TwoLevel:
         self.cross = cross
         self.tcp_small_bytes = tcp_small_bytes
         self.segment_bytes = segment_bytes
+        # the ring of the ranks at this local position, one per host (position = host index)
+        self.cross_ring = ring.RingAlgorithm(cross, layout.host, layout.hosts, segment_bytes,
+                                             tcp_small_bytes)
 
     def all_reduce(self, buf: np.ndarray, ufunc: Ufunc, deadline: Deadline) -> None:
         """In-place all-reduce of the 1-D contiguous `buf`."""
@@ -94,6 +103,35 @@ class TwoLevel:
             plan = ring.ring_plan(part.size, lay.hosts, part.itemsize, self.segment_bytes)
             ring.ring_all_reduce(part, ufunc, self.cross, lay.host, lay.hosts, plan, deadline)
         self.local.all_gather_chunks(buf, deadline)
+
+    def reduce_scatter_v(self, buf: np.ndarray, chunks, ufunc: Ufunc,
+                         deadline: Deadline) -> None:
+        """Afterwards ``buf[chunks[pos]]`` holds the reduction over every rank (``chunks``
+        by ring position, host-major); latency-bound sizes go around the flat ring."""
+        if buf.nbytes <= self.tcp_small_bytes:
+            self.flat.reduce_scatter_v(buf, chunks, ufunc, deadline)
+            return
+        for block in self._host_blocks(chunks):
+            self.local.reduce_scatter_v(buf, block, ufunc, deadline)
+        self.cross_ring.reduce_scatter_v(buf, self._cross_chunks(chunks), ufunc, deadline)
+
+    def all_gather_v(self, buf: np.ndarray, chunks, deadline: Deadline) -> None:
+        """Afterwards ``buf[chunks[p]]`` is position p's for every p."""
+        if buf.nbytes <= self.tcp_small_bytes:
+            self.flat.all_gather_v(buf, chunks, deadline)
+            return
+        self.cross_ring.all_gather_v(buf, self._cross_chunks(chunks), deadline)
+        for block in self._host_blocks(chunks):
+            self.local.all_gather_v(buf, block, deadline)
+
+    def _host_blocks(self, chunks) -> list[list[tuple[int, int]]]:
+        """The chunks of each host's positions, by local position: host h's block."""
+        per = self.layout.per_host
+        return [list(chunks[h * per:(h + 1) * per]) for h in range(self.layout.hosts)]
+
+    def _cross_chunks(self, chunks) -> list[tuple[int, int]]:
+        """The chunks of the ranks at this local position, by host."""
+        return [chunks[p] for p in self.layout.cross_positions()]
 
     def close(self, goodbye: bool = True) -> None:
         self.cross.close(goodbye=goodbye)

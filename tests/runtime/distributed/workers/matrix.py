@@ -41,6 +41,17 @@ def run_v_collectives(out: dict) -> None:
         out[f"{key}|rs"] = buf[bounds[rank]:bounds[rank + 1]].copy()
         assert comm.all_gather_v(buf, bounds) is buf
         out[f"{key}|ag"] = buf
+    # which links a large pair of halves crossed: bytes this rank sent over TCP on the flat
+    # ring and (two levels) on the ring of its local position across hosts
+    flat = getattr(comm._link, "tcp", comm._link)
+    cross = getattr(comm.algorithm, "cross", None)
+    before = [getattr(link, "sent_bytes", 0) for link in (flat, cross)]
+    bounds = v_bounds(6001, "skewed", n)
+    buf = v_input("v_path", "float32", 6001, rank)
+    comm.reduce_scatter_v(buf, bounds)
+    comm.all_gather_v(buf, bounds)
+    out["v_path_sent"] = np.array([getattr(link, "sent_bytes", 0) - b
+                                   for link, b in zip((flat, cross), before)])
 
 
 def run_others(out: dict) -> None:

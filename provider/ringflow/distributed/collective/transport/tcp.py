@@ -52,6 +52,7 @@ class TcpLink:
         self._right_readable = select.poll()  # is a heartbeat or GOODBYE waiting? (send)
         self._right_readable.register(right, select.POLLIN)
         self._hb_timeout = heartbeat_timeout
+        self.sent_bytes = 0  # data sent to the right (not heartbeats): which path a collective took
         for s in (right, left):
             s.setblocking(True)
         self._hb = threading.Thread(target=self._watch, daemon=True,
@@ -137,6 +138,7 @@ class TcpLink:
             if self.right_left_in_order or self._goodbye_waiting():
                 raise BrokenPipeError("it had left")
             self.right.sendall(data)
+            self.sent_bytes += data.nbytes
         except OSError as exc:
             self.check()
             if self.right_left_in_order:
