@@ -272,7 +272,7 @@ def projection(records: list[dict]) -> tuple[str, list[dict]]:
     cals = calibrations(records)
     rows = []
     lines = ["| shape | hosts x 8 | Gb/s | plain dp: step ms (eff.) | sharded: step ms (eff.) | "
-             "sharded comm ms: flat ring / even parts in two levels (not built) |",
+             "sharded comm ms: as built (whole parameters) / even parts (not built) |",
              "|---|---:|---:|---:|---:|---:|"]
     for (shape, py), cal in sorted(cals.items()):
         if py != "venv":
@@ -307,7 +307,7 @@ def plot(rows: list[dict], path: Path) -> None:
             ax.plot(ranks, [r["sharded"]["efficiency"] for r in mine], "s-",
                     label=f"sharded, {gbit} Gb/s")
             ax.plot(ranks, [r["sharded"]["two_level_efficiency"] for r in mine], "^:",
-                    label=f"sharded, even parts in two levels (not built), {gbit} Gb/s")
+                    label=f"sharded, even parts (not built), {gbit} Gb/s")
         ax.set_xscale("log", base=2)
         ax.set_xlabel("ranks (hosts x 8)")
         ax.set_ylabel("weak-scaling efficiency (model)")

@@ -23,11 +23,16 @@
     in place on one host (shared arrays): 3 hand-offs for the all-reduce, 2 for each half,
     same bytes;
     two levels (H hosts x r ranks): the host's reduce-scatter and all-gather in place, and
-    an all-reduce of S/r over a ring of the H hosts, the r rings sharing one link.
+    an all-reduce of S/r over a ring of the H hosts, the r rings sharing one link; each
+    half of sharding in two levels: one host-level round per host block (H of them, each
+    waiting for the largest part), then a ring of the H hosts per local rank over the
+    parts of that local rank (the largest part again), the r rings sharing one link.
   Plain data parallelism all-reduces the gradients; sharding reduce-scatters them and
-  all-gathers the parameters (both in one flat host-major ring when the ranks span hosts:
-  what ringflow runs). No overlap is credited: on these 2 cores the shared-memory buckets
-  run synchronously and the TCP thread's overlap bought no step time (README, run 3).
+  all-gathers the parameters (in two levels when the ranks span hosts with several ranks
+  on each, around one ring of the hosts when each host has one), each half by an
+  all-reduce instead when the largest part exceeds 2/n of the buffer. No overlap is
+  credited: on these 2 cores the shared-memory buckets run synchronously and the TCP
+  thread's overlap bought no step time (README, run 3).
 """
 
 from __future__ import annotations
@@ -142,23 +147,40 @@ def comm_seconds(cal: Calibration, lay: Layout) -> float:
         # more ranks than cores: hand-offs as measured with that many ranks
         cal.links[f"shm{n}"] if crowded else cal.links["shm"])
     share = cal.share(n)
+    if lay.hosts == 1 and lay.link == "shm":   # no ring: every part read where it lies
+        return local.in_place(n, nbytes) if not lay.stage else \
+            local.in_place(n, nbytes, 1, share) * 2
     if lay.hosts == 1:
-        if lay.link == "shm":
-            return local.in_place(n, nbytes) if not lay.stage else \
-                local.in_place(n, nbytes, 1, share) * 2
-        return local.ring(n, nbytes) if not lay.stage else local.ring(n, nbytes, 1, share) * 2
-    net = cal.links["net"]
-    if crowded:   # every link's hand-offs wait for descheduled peers as shared memory's did
-        shm, more = cal.links["shm"], cal.links[f"shm{n}"]
-        net = Link(net.alpha + more.alpha - shm.alpha, net.beta * more.beta / shm.beta)
-    if lay.stage:     # the flat host-major ring: each step waits for the slowest hop
-        slow = Link(max(net.alpha, local.alpha), min(net.beta, local.beta))
-        return 2 * slow.ring(n, nbytes, 1, share)
-    if lay.per_host == 1:
-        return net.ring(lay.hosts, nbytes)
+        plain = local.ring(n, nbytes)
+        halves = local.ring(n, nbytes, 1, share) * 2
+    else:
+        net = cal.links["net"]
+        if crowded:   # every link's hand-offs wait for descheduled peers as shared memory's did
+            shm, more = cal.links["shm"], cal.links[f"shm{n}"]
+            net = Link(net.alpha + more.alpha - shm.alpha, net.beta * more.beta / shm.beta)
+        if lay.per_host == 1:   # one ring of the hosts
+            plain = net.ring(lay.hosts, nbytes)
+            halves = 2 * net.ring(n, nbytes, 1, share)
+        else:                   # two levels
+            shared_link = Link(net.alpha, net.beta / lay.per_host)
+            plain = 2 * local.in_place(lay.per_host, nbytes, 1) \
+                + shared_link.ring(lay.hosts, nbytes / lay.per_host)
+            halves = sharded_two_level(local, net, lay, nbytes, share)
+    if not lay.stage:
+        return plain
+    # parts too lopsided for a ring's halves go by all-reduce (ring.lopsided)
+    return 2 * plain if share * n > 2 else halves
+
+
+def sharded_two_level(local: Link, net: Link, lay: Layout, nbytes: float,
+                      share: float) -> float:
+    """Sharding's reduce-scatter + all-gather in two levels (twolevel.py): per half, one
+    host-level round per host block, then a ring of the hosts per local rank; ``share`` is
+    the largest rank's part, which every round and step waits for."""
     shared_link = Link(net.alpha, net.beta / lay.per_host)
-    return 2 * local.in_place(lay.per_host, nbytes, 1) \
-        + shared_link.ring(lay.hosts, nbytes / lay.per_host)
+    half = lay.hosts * local.in_place(lay.per_host, nbytes, 1, share) \
+        + shared_link.ring(lay.hosts, nbytes, 1, share)
+    return 2 * half
 
 
 def predict(cal: Calibration, lay: Layout) -> float:
@@ -166,14 +188,10 @@ def predict(cal: Calibration, lay: Layout) -> float:
 
 
 def two_level_halves(cal: Calibration, lay: Layout) -> float:
-    """What sharding's reduce-scatter + all-gather would cost with even parts (parameters
-    split where they must be) in two levels (host in place, then a ring of the hosts per
-    local rank): neither is built."""
-    nbytes = 4.0 * cal.params
-    net = cal.links["net"]
-    shared_link = Link(net.alpha, net.beta / lay.per_host)
-    return 2 * (cal.links["shm"].in_place(lay.per_host, nbytes, 1)
-                + shared_link.ring(lay.hosts, nbytes / lay.per_host, 1))
+    """What sharding's reduce-scatter + all-gather would cost in two levels with even parts
+    (parameters split where they must be: not built; ringflow keeps parameters whole)."""
+    return sharded_two_level(cal.links["shm"], cal.links["net"], lay, 4.0 * cal.params,
+                             1.0 / lay.n)
 
 
 def project(cal: Calibration, hosts: int, per_host: int, gbit: float, stage: int,

@@ -56,3 +56,35 @@ def test_stage_2_pays_a_staging_copy_only_with_more_than_one_bucket():
         want = 0.0 if c is small else 2 / 7 * c.params * 2 * c.upd_ns * 1e-9
         assert extra == pytest.approx(want)
         assert (two["compute"], two["comm"]) == (one["compute"], one["comm"])
+
+
+def test_sharding_across_hosts_goes_in_two_levels_with_several_ranks_per_host():
+    """2 hosts x 2 ranks, even parts (no sizes: 1/4 each): per half, one host-level round
+    per host block (2 hand-offs and 1/4 of the bytes each) and a ring of the 2 hosts whose
+    link the host's 2 rings share; 1 rank per host: one flat ring of the hosts."""
+    c = cal(1_000_000, {"shm": SHM, "tcp": NET, "net": NET})
+    nbytes = 4e6
+    host_block = 2 * SHM.alpha + 1 * 0.25 * nbytes / SHM.beta
+    cross = NET.alpha + 0.25 * nbytes / (NET.beta / 2)
+    assert sm.comm_seconds(c, sm.Layout(2, 2, 1)) == pytest.approx(2 * (2 * host_block + cross))
+    assert sm.comm_seconds(c, sm.Layout(2, 1, 1)) == pytest.approx(2 * NET.ring(2, nbytes, 1))
+    # the flat ring of all 4 ranks that it replaces: 3 steps of the slowest hop per half
+    flat = 2 * NET.ring(4, nbytes, 1)
+    assert sm.comm_seconds(c, sm.Layout(2, 2, 1)) < flat
+    assert sm.two_level_halves(c, sm.Layout(2, 2, 1)) == pytest.approx(
+        sm.comm_seconds(c, sm.Layout(2, 2, 1)))  # even parts either way here
+
+
+def test_sharding_with_lopsided_parts_costs_two_all_reduces():
+    """One parameter of 90 % at 2 x 2 ranks: the largest part (0.9 > 2/4 of the buffer)
+    would hold up every step of a ring, so each half is an all-reduce of the buffer, as
+    ring.lopsided decides in the collectives."""
+    links = {"shm": SHM, "tcp": NET, "net": NET}
+    even = cal(1_000_000, links)
+    lop = sm.Calibration("X", 1_000_000, 64, even.fb_ms, 1.0, links,
+                         sizes=(900_000, 50_000, 50_000))
+    assert lop.share(4) == pytest.approx(0.9)
+    plain = sm.comm_seconds(lop, sm.Layout(2, 2))
+    assert sm.comm_seconds(lop, sm.Layout(2, 2, 1)) == pytest.approx(2 * plain)
+    assert sm.comm_seconds(lop, sm.Layout(2, 2, 1)) < sm.sharded_two_level(
+        SHM, NET, sm.Layout(2, 2, 1), 4e6, 0.9)

@@ -168,26 +168,30 @@ def test_all_gather_v_after_reduce_scatter_v_is_the_all_reduce_on_every_rank(
 @pytest.mark.parametrize("transport", ["two-hosts", "two-hosts-flat"])
 def test_the_halves_cross_hosts_once_in_two_levels(results, transport):
     """4 ranks on two hosts: in two levels, reduce_scatter_v and all_gather_v send nothing on
-    the flat ring; across hosts each rank sends the part of the other host's chunks its
-    local position owns (the 2+2 ring of local position l: each of its two chunks once per
-    half). The flat ring sends (n-1)/n of the buffer per half around all four ranks, half
-    of its hops between the hosts."""
+    the flat ring; across hosts each rank sends the other host's chunk at its local
+    position (reduce-scatter) and its own (all-gather). Parts all on one rank go by
+    all-reduce instead (a ring would wait on that part at every step): twice the two-level
+    all-reduce's bytes, each rank sending its host-level chunk (3001 or 3000 elements of
+    6001) once per all-reduce. The flat ring sends on TCP only, between the hosts."""
     world, per_rank = 4, results(4, transport)
-    bounds = v_bounds(6001, "skewed", world)
+    bounds = v_bounds(6001, "even", world)
     sizes = [bounds[r + 1] - bounds[r] for r in range(world)]
     # ranks alternate between the hosts: ring order 0, 2 | 1, 3 (host-major)
     order = [0, 2, 1, 3]
-    sent = {r: per_rank[r]["v_path_sent"].tolist() for r in range(world)}
+    even = {r: per_rank[r]["v_path_sent_even"].tolist() for r in range(world)}
+    front = {r: per_rank[r]["v_path_sent_front"].tolist() for r in range(world)}
     if transport == "two-hosts":
         for pos, r in enumerate(order):
             other = order[(pos + 2) % 4]  # the rank at the same local position on the other host
-            # reduce-scatter: the other's chunk goes there; all-gather: own chunk goes there
-            assert sent[r] == [0, 4 * (sizes[other] + sizes[r])], (r, sent)
+            assert even[r] == [0, 4 * (sizes[other] + sizes[r])], (r, even)
+            host_chunk = 3001 if pos % 2 == 0 else 3000
+            assert front[r] == [0, 2 * 4 * host_chunk], (r, front)
     else:
-        assert all(s[1] == 0 for s in sent.values()), sent  # no cross ring
-        # ring hops on one host go through shared memory; the two between hosts over TCP
-        over_tcp = sum(s[0] for s in sent.values())
-        assert over_tcp > 0, sent
+        for sent in (even, front):
+            assert all(s[1] == 0 for s in sent.values()), sent  # no cross ring
+            assert sum(s[0] for s in sent.values()) > 0, sent
+        # 3 steps of a quarter per half for even parts; lopsided: 2 all-reduces of 6 steps
+        assert sum(s[0] for s in front.values()) > sum(s[0] for s in even.values())
 
 
 @params

@@ -183,3 +183,39 @@ def test_a_neighbour_that_never_sends_fails_the_waiting_rank_at_its_deadline():
                                                r"peer rank 1: no data from rank 1 within 0.2 s"):
         ring.ring_all_reduce(buf, np.add, link, 0, 2, plan, Deadline(0.2))
     assert link.sent > 0            # it sent its part before it waited
+
+
+def test_lopsided_parts_take_the_all_reduce_and_keep_every_bit():
+    """Parts a ring would wait on (the largest over 2/n of the buffer) go by all-reduce:
+    reduce_scatter_v as an all-reduce, all_gather_v as an OR of bits with the others'
+    parts zeroed, so negative zeros and NaN payloads arrive as their owner holds them.
+    Even enough parts keep the ring's halves (fewer bytes: the link counts them)."""
+    n, count = 4, 1000
+    assert ring.lopsided([(0, 900), (900, 950), (950, 1000), (1000, 1000)], count)
+    assert not ring.lopsided([(0, 250), (250, 500), (500, 750), (750, 1000)], count)
+    assert not ring.lopsided([(0, 500), (500, 1000), (1000, 1000), (1000, 1000)], count)
+    bounds = [(0, 900), (900, 950), (950, 1000), (1000, 1000)]
+    data = inputs(n, count, "float64")
+    odd = np.array([-0.0, np.nan, np.inf], dtype=np.float64)
+    odd[1:2].view(np.uint64)[0] |= 0xBEEF     # a NaN with a payload
+    owner_view = data[0].copy()
+    owner_view[:3] = odd
+
+    def work(pos, link):
+        algo = ring.RingAlgorithm(link, pos, n, SEGMENT_BYTES, 64)
+        summed = data[pos].copy()
+        algo.reduce_scatter_v(summed, bounds, np.add, Deadline(5))
+        gathered = (owner_view if pos == 0 else data[pos]).copy()
+        before = link.sent
+        algo.all_gather_v(gathered, bounds, Deadline(5))
+        return summed, gathered, link.sent - before
+
+    out = run_ring(n, work)
+    total = np.sum(data, axis=0)
+    for pos, (summed, gathered, _) in enumerate(out):
+        a, b = bounds[pos]
+        np.testing.assert_allclose(summed[a:b], total[a:b], rtol=1e-12)
+        want = np.concatenate([owner_view[0:900], data[1][900:950], data[2][950:1000]])
+        assert gathered.tobytes() == want.tobytes(), pos
+    # an all-reduce of 8000 bytes in 4 segments-chunks: each rank sends 2 * 3/4 of it
+    assert [sent for _, _, sent in out] == [2 * 3 * 250 * 8] * n

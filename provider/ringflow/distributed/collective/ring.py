@@ -85,6 +85,30 @@ def all_gather_steps(pos: int, n: int, owned_shift: int = 1) -> list[tuple[int, 
 Ufunc = Callable[..., np.ndarray]
 
 
+def lopsided(chunks: Sequence[tuple[int, int]], count: int) -> bool:
+    """Whether the ring's halves over these parts take longer than an all-reduce of the
+    whole buffer: each of a half's n-1 steps waits for the largest part, while an
+    all-reduce moves 2(n-1)/n of the buffer in even chunks; so a half costs more than a
+    whole all-reduce once the largest part exceeds 2/n of the buffer (sharding keeps
+    parameters whole: with many ranks a few of them hold everything)."""
+    largest = max((b - a for a, b in chunks), default=0)
+    return largest * len(chunks) > 2 * count
+
+
+_BITS = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+
+
+def gather_by_all_reduce(all_reduce, buf: np.ndarray, own: tuple[int, int],
+                         deadline: Deadline) -> None:
+    """An all-gather as an all-reduce: every part but this position's is zeroed and the
+    bits are OR-ed together, so each part arrives exactly as its owner holds it (negative
+    zeros and NaN payloads too, which adding zeros would not keep)."""
+    a, b = own
+    buf[:a] = 0
+    buf[b:] = 0
+    all_reduce(buf.view(_BITS[buf.itemsize]), np.bitwise_or, deadline)
+
+
 def ring_all_reduce(buf: np.ndarray, ufunc: Ufunc, link: Link, pos: int, n: int,
                     plan: RingPlan, deadline: Deadline) -> None:
     """In-place all-reduce of the 1-D contiguous `buf` around the ring: per step, send one
@@ -189,10 +213,16 @@ class RingAlgorithm:
 
     def reduce_scatter_v(self, flat: np.ndarray, chunks, ufunc: Ufunc,
                          deadline: Deadline) -> None:
+        if lopsided(chunks, flat.size):
+            self.all_reduce(flat, ufunc, deadline)
+            return
         ring_reduce_scatter(flat, ufunc, self.link, self.pos, self.n,
                             self._shifted(flat, chunks), deadline)
 
     def all_gather_v(self, flat: np.ndarray, chunks, deadline: Deadline) -> None:
+        if lopsided(chunks, flat.size):
+            gather_by_all_reduce(self.all_reduce, flat, chunks[self.pos], deadline)
+            return
         ring_all_gather_chunks(flat, self.link, self.pos, self.n, self._shifted(flat, chunks),
                                deadline)
 

@@ -14,7 +14,8 @@ l reduces the host's share of every chunk owned by a rank at local position l (o
 shared-memory reduce-scatter per host block, h = 0..H-1), then the ranks at local position l
 reduce-scatter those H chunks over their TCP ring. All-gather is the reverse: the TCP ring
 first, then each host block on the host. A host sends (H-1)/H of the buffer across, over L
-connections at once; the flat ring sends (n-1)/n of it over one.
+connections at once; the flat ring sends (n-1)/n of it over one. Parts too uneven for a ring
+(``ring.lopsided``) take the all-reduce instead, in both algorithms.
 """
 
 from __future__ import annotations
@@ -111,6 +112,9 @@ class TwoLevel:
         if buf.nbytes <= self.tcp_small_bytes:
             self.flat.reduce_scatter_v(buf, chunks, ufunc, deadline)
             return
+        if ring.lopsided(chunks, buf.size):
+            self.all_reduce(buf, ufunc, deadline)
+            return
         for block in self._host_blocks(chunks):
             self.local.reduce_scatter_v(buf, block, ufunc, deadline)
         self.cross_ring.reduce_scatter_v(buf, self._cross_chunks(chunks), ufunc, deadline)
@@ -119,6 +123,10 @@ class TwoLevel:
         """Afterwards ``buf[chunks[p]]`` is position p's for every p."""
         if buf.nbytes <= self.tcp_small_bytes:
             self.flat.all_gather_v(buf, chunks, deadline)
+            return
+        if ring.lopsided(chunks, buf.size):
+            own = chunks[self.layout.host * self.layout.per_host + self.layout.local]
+            ring.gather_by_all_reduce(self.all_reduce, buf, own, deadline)
             return
         self.cross_ring.all_gather_v(buf, self._cross_chunks(chunks), deadline)
         for block in self._host_blocks(chunks):

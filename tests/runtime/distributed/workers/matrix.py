@@ -42,16 +42,18 @@ def run_v_collectives(out: dict) -> None:
         assert comm.all_gather_v(buf, bounds) is buf
         out[f"{key}|ag"] = buf
     # which links a large pair of halves crossed: bytes this rank sent over TCP on the flat
-    # ring and (two levels) on the ring of its local position across hosts
+    # ring and (two levels) on the ring of its local position across hosts; even parts, and
+    # parts all on the first rank (too lopsided for a ring: they go by all-reduce)
     flat = getattr(comm._link, "tcp", comm._link)
     cross = getattr(comm.algorithm, "cross", None)
-    before = [getattr(link, "sent_bytes", 0) for link in (flat, cross)]
-    bounds = v_bounds(6001, "skewed", n)
-    buf = v_input("v_path", "float32", 6001, rank)
-    comm.reduce_scatter_v(buf, bounds)
-    comm.all_gather_v(buf, bounds)
-    out["v_path_sent"] = np.array([getattr(link, "sent_bytes", 0) - b
-                                   for link, b in zip((flat, cross), before)])
+    for cut in ("even", "front"):
+        before = [getattr(link, "sent_bytes", 0) for link in (flat, cross)]
+        bounds = v_bounds(6001, cut, n)
+        buf = v_input("v_path", "float32", 6001, rank)
+        comm.reduce_scatter_v(buf, bounds)
+        comm.all_gather_v(buf, bounds)
+        out[f"v_path_sent_{cut}"] = np.array([getattr(link, "sent_bytes", 0) - b
+                                              for link, b in zip((flat, cross), before)])
 
 
 def run_others(out: dict) -> None:
