@@ -24,9 +24,9 @@
     same bytes;
     two levels (H hosts x r ranks): the host's reduce-scatter and all-gather in place, and
     an all-reduce of S/r over a ring of the H hosts, the r rings sharing one link; each
-    half of sharding in two levels: one host-level round per host block (H of them, each
-    waiting for the largest part), then a ring of the H hosts per local rank over the
-    parts of that local rank (the largest part again), the r rings sharing one link.
+    half of sharding in two levels: one host-level pass (a local rank handles the parts of
+    its local position on every host), then a ring of the H hosts per local rank over
+    those parts (each step waiting for the largest), the r rings sharing one link.
   Plain data parallelism all-reduces the gradients; sharding reduce-scatters them and
   all-gathers the parameters (in two levels when the ranks span hosts with several ranks
   on each, around one ring of the hosts when each host has one), each half by an
@@ -175,10 +175,11 @@ def comm_seconds(cal: Calibration, lay: Layout) -> float:
 def sharded_two_level(local: Link, net: Link, lay: Layout, nbytes: float,
                       share: float) -> float:
     """Sharding's reduce-scatter + all-gather in two levels (twolevel.py): per half, one
-    host-level round per host block, then a ring of the hosts per local rank; ``share`` is
-    the largest rank's part, which every round and step waits for."""
+    host-level pass in which a local rank handles the parts of its local position on
+    every host (at most H x ``share``), then a ring of the hosts per local rank, each
+    step waiting for the largest rank's part (``share``)."""
     shared_link = Link(net.alpha, net.beta / lay.per_host)
-    half = lay.hosts * local.in_place(lay.per_host, nbytes, 1, share) \
+    half = local.in_place(lay.per_host, nbytes, 1, min(1.0, lay.hosts * share)) \
         + shared_link.ring(lay.hosts, nbytes, 1, share)
     return 2 * half
 

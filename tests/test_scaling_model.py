@@ -59,14 +59,15 @@ def test_stage_2_pays_a_staging_copy_only_with_more_than_one_bucket():
 
 
 def test_sharding_across_hosts_goes_in_two_levels_with_several_ranks_per_host():
-    """2 hosts x 2 ranks, even parts (no sizes: 1/4 each): per half, one host-level round
-    per host block (2 hand-offs and 1/4 of the bytes each) and a ring of the 2 hosts whose
-    link the host's 2 rings share; 1 rank per host: one flat ring of the hosts."""
+    """2 hosts x 2 ranks, even parts (no sizes: 1/4 each): per half, one host-level pass
+    (2 hand-offs; each local rank handles half the buffer: its parts on both hosts) and a
+    ring of the 2 hosts whose link the host's 2 rings share; 1 rank per host: one flat ring
+    of the hosts."""
     c = cal(1_000_000, {"shm": SHM, "tcp": NET, "net": NET})
     nbytes = 4e6
-    host_block = 2 * SHM.alpha + 1 * 0.25 * nbytes / SHM.beta
+    host = 2 * SHM.alpha + 1 * 0.5 * nbytes / SHM.beta
     cross = NET.alpha + 0.25 * nbytes / (NET.beta / 2)
-    assert sm.comm_seconds(c, sm.Layout(2, 2, 1)) == pytest.approx(2 * (2 * host_block + cross))
+    assert sm.comm_seconds(c, sm.Layout(2, 2, 1)) == pytest.approx(2 * (host + cross))
     assert sm.comm_seconds(c, sm.Layout(2, 1, 1)) == pytest.approx(2 * NET.ring(2, nbytes, 1))
     # the flat ring of all 4 ranks that it replaces: 3 steps of the slowest hop per half
     flat = 2 * NET.ring(4, nbytes, 1)

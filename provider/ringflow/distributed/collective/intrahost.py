@@ -125,7 +125,7 @@ class IntraHost:
             return
         plan = ring_plan(buf.size, self.n, buf.itemsize, self.slot_bytes // self.n)
         for k in range(plan.nsegments):
-            self._all_reduce_round(buf, ufunc, plan, k, sig)
+            self._all_reduce_round(buf, ufunc, plan, k, sig, [self.pos], self.peers)
 
     def fast_all_reduce(self, buf: np.ndarray, ufunc: Ufunc, make_deadline) -> None:
         """``_all_reduce_small`` in one function, for the latency-bound sizes: the same
@@ -193,27 +193,41 @@ class IntraHost:
         self._end_round(slot)
 
     def _all_reduce_round(self, buf: np.ndarray, ufunc: Ufunc, plan: RingPlan, k: int,
-                          sig: int, gather: bool = True) -> None:
+                          sig: int, mine: list[int], others: list[int],
+                          gather: bool = True) -> None:
+        """Round k: segment k of every chunk of `plan`; chunk c belongs to position
+        c % n (`mine`: this position's chunks, `others`: the rest), at offset c in the
+        slots."""
         slot, sig = self._begin_round(sig)
         dt, cap = buf.dtype, plan.segment_elems * buf.itemsize
-        for c in self.peers:  # stage the segments the other positions reduce
+        for c in others:  # stage the segments the other positions reduce
             a, b = plan.segment(c, k)
             self._slot_view(self.pos, slot, dt, c * cap, b - a)[...] = buf[a:b]
         self._post()
         self._wait_all(self.seq)
         self._check_sig(slot, sig)
-        a, b = plan.segment(self.pos, k)
-        mine = buf[a:b]
-        for p in self.peers:
-            ufunc(mine, self._slot_view(p, slot, dt, self.pos * cap, b - a), out=mine)
+        for c in mine:
+            a, b = plan.segment(c, k)
+            seg = buf[a:b]
+            for p in self.peers:
+                ufunc(seg, self._slot_view(p, slot, dt, c * cap, b - a), out=seg)
         if gather:
-            self._slot_view(self.pos, slot, dt, self.pos * cap, b - a)[...] = mine
+            for c in mine:
+                a, b = plan.segment(c, k)
+                self._slot_view(self.pos, slot, dt, c * cap, b - a)[...] = buf[a:b]
             self._post()
             self._wait_all(self.seq)
-            for p in self.peers:
-                a, b = plan.segment(p, k)
-                copy_out(buf[a:b], self._slot_view(p, slot, dt, p * cap, b - a))
+            for c in others:
+                a, b = plan.segment(c, k)
+                copy_out(buf[a:b], self._slot_view(c % self.n, slot, dt, c * cap, b - a))
         self._end_round(slot)
+
+    def _owned(self, nchunks: int) -> tuple[list[int], list[int]]:
+        """This position's chunks and the others' when chunk c belongs to position c % n."""
+        if nchunks % self.n:
+            raise ValueError(f"{nchunks} chunks do not fall evenly on {self.n} positions")
+        mine = list(range(self.pos, nchunks, self.n))
+        return mine, [c for c in range(nchunks) if c % self.n != self.pos]
 
     def all_reduce_in_place(self, arrays: list[np.ndarray], ufunc: Ufunc,
                             deadline: Deadline) -> None:
@@ -249,12 +263,14 @@ class IntraHost:
                          deadline: Deadline) -> None:
         """Afterwards ``buf[chunks[pos]]`` holds the reduction over every position (the
         other chunks hold partial sums); ``chunks`` are (start, stop) by position, any
-        sizes."""
+        sizes. More chunks than positions (a multiple): chunk c is position c % n's (the
+        host level of two-level sharding: every host's parts in one pass)."""
         self._deadline = deadline
         sig = self._signature("reduce_scatter_v", buf, tuple(chunks))
-        plan = ranged_plan(buf.size, chunks, buf.itemsize, self.slot_bytes // self.n)
+        mine, others = self._owned(len(chunks))
+        plan = ranged_plan(buf.size, chunks, buf.itemsize, self.slot_bytes // len(chunks))
         for k in range(plan.nsegments):
-            self._all_reduce_round(buf, ufunc, plan, k, sig, gather=False)
+            self._all_reduce_round(buf, ufunc, plan, k, sig, mine, others, gather=False)
 
     def all_gather_chunks(self, buf: np.ndarray, deadline: Deadline) -> None:
         """The second half of ``all_reduce`` after ``reduce_scatter``: chunk `pos` of `buf`
@@ -262,22 +278,24 @@ class IntraHost:
         self.all_gather_v(buf, ring_plan(buf.size, self.n, 1, 1).chunks, deadline)
 
     def all_gather_v(self, buf: np.ndarray, chunks, deadline: Deadline) -> None:
-        """``buf[chunks[p]]`` is position p's for every p afterwards (this position's chunk
-        is read, the others written)."""
+        """``buf[chunks[c]]`` is position (c % n)'s for every chunk c afterwards (this
+        position's chunks are read, the others written)."""
         self._deadline = deadline
         sig = self._signature("all_gather_v", buf, tuple(chunks))
-        plan = ranged_plan(buf.size, chunks, buf.itemsize, self.slot_bytes // self.n)
+        mine, others = self._owned(len(chunks))
+        plan = ranged_plan(buf.size, chunks, buf.itemsize, self.slot_bytes // len(chunks))
         dt, cap = buf.dtype, plan.segment_elems * buf.itemsize
         for k in range(plan.nsegments):
             slot, sig = self._begin_round(sig)
-            a, b = plan.segment(self.pos, k)
-            self._slot_view(self.pos, slot, dt, self.pos * cap, b - a)[...] = buf[a:b]
+            for c in mine:
+                a, b = plan.segment(c, k)
+                self._slot_view(self.pos, slot, dt, c * cap, b - a)[...] = buf[a:b]
             self._post()
             self._wait_all(self.seq)
             self._check_sig(slot, sig)
-            for p in self.peers:
-                a, b = plan.segment(p, k)
-                copy_out(buf[a:b], self._slot_view(p, slot, dt, p * cap, b - a))
+            for c in others:
+                a, b = plan.segment(c, k)
+                copy_out(buf[a:b], self._slot_view(c % self.n, slot, dt, c * cap, b - a))
             self._end_round(slot)
 
     def reduce_scatter_in_place(self, arrays: list[np.ndarray], chunks, ufunc: Ufunc,

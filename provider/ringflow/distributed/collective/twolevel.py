@@ -11,11 +11,11 @@ order, across hosts by the ring's fixed order, and copied from there.
 The halves of sharding (``reduce_scatter_v``, ``all_gather_v``: position p = h*L + l owns
 ``chunks[p]``, any sizes) go the same two ways. Reduce-scatter: on each host, local position
 l reduces the host's share of every chunk owned by a rank at local position l (one
-shared-memory reduce-scatter per host block, h = 0..H-1), then the ranks at local position l
-reduce-scatter those H chunks over their TCP ring. All-gather is the reverse: the TCP ring
-first, then each host block on the host. A host sends (H-1)/H of the buffer across, over L
-connections at once; the flat ring sends (n-1)/n of it over one. Parts too uneven for a ring
-(``ring.lopsided``) take the all-reduce instead, in both algorithms.
+shared-memory pass over all n chunks, chunk p going to local position p % L), then the ranks
+at local position l reduce-scatter those H chunks over their TCP ring. All-gather is the
+reverse: the TCP ring first, then the same pass on the host. A host sends (H-1)/H of the
+buffer across, over L connections at once; the flat ring sends (n-1)/n of it over one. Parts
+too uneven for a ring (``ring.lopsided``) take the all-reduce instead, in both algorithms.
 """
 
 from __future__ import annotations
@@ -115,8 +115,7 @@ class TwoLevel:
         if ring.lopsided(chunks, buf.size):
             self.all_reduce(buf, ufunc, deadline)
             return
-        for block in self._host_blocks(chunks):
-            self.local.reduce_scatter_v(buf, block, ufunc, deadline)
+        self.local.reduce_scatter_v(buf, chunks, ufunc, deadline)
         self.cross_ring.reduce_scatter_v(buf, self._cross_chunks(chunks), ufunc, deadline)
 
     def all_gather_v(self, buf: np.ndarray, chunks, deadline: Deadline) -> None:
@@ -129,13 +128,7 @@ class TwoLevel:
             ring.gather_by_all_reduce(self.all_reduce, buf, own, deadline)
             return
         self.cross_ring.all_gather_v(buf, self._cross_chunks(chunks), deadline)
-        for block in self._host_blocks(chunks):
-            self.local.all_gather_v(buf, block, deadline)
-
-    def _host_blocks(self, chunks) -> list[list[tuple[int, int]]]:
-        """The chunks of each host's positions, by local position: host h's block."""
-        per = self.layout.per_host
-        return [list(chunks[h * per:(h + 1) * per]) for h in range(self.layout.hosts)]
+        self.local.all_gather_v(buf, chunks, deadline)
 
     def _cross_chunks(self, chunks) -> list[tuple[int, int]]:
         """The chunks of the ranks at this local position, by host."""
