@@ -1,12 +1,16 @@
 """Values as templates render them: lists and dicts arrive as JSON (or Python literal) text,
-None as '' or 'None'. Every operator argument that takes a list, a dict or None reads its
-rendered value through these."""
+None as '' or 'None', true or false as text. Every operator argument that takes a list, a
+dict or None reads its rendered value through these; a templated switch through `flag`."""
 
 from __future__ import annotations
 
 import ast
 import json
 from typing import Any
+
+from pydantic import TypeAdapter
+
+_BOOL = TypeAdapter(bool)
 
 
 def json_text(value: Any, what: str = "value") -> Any:
@@ -32,3 +36,11 @@ def none_text(value: Any) -> Any:
     if isinstance(value, str) and value.strip() in ("", "None", "null"):
         return None
     return value
+
+
+def flag(name: str, value: Any) -> bool:
+    """A templated true/false argument as a bool (ValueError naming it)."""
+    try:
+        return _BOOL.validate_python(value.strip() if isinstance(value, str) else value)
+    except ValueError:
+        raise ValueError(f"{name}: expected true or false, got {value!r}") from None

@@ -187,7 +187,7 @@ def test_a_host_whose_daemon_mpirun_lost_is_named_when_no_rank_failed_first():
 
 def test_a_hosts_clock_within_the_round_trip_of_its_reading_is_taken_as_agreeing():
     """A reading whose way back took 3 s (a busy worker) is no skew; 30 s behind is."""
-    from ringflow_provider.launchers.base import clock_offset
+    from ringflow_provider.launchers.clocks import clock_offset
 
     assert clock_offset(1000.0, 1003.0, 1000.2) == 0.0
     assert clock_offset(1000.0, 1000.1, 970.05) == 30.05

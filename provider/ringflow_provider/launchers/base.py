@@ -6,6 +6,8 @@ until it ends; the first part that fails stops the others), tell its status, sto
 find what earlier tries of the task left (to attach to it, or to stop it). A backend says
 only what differs: how its hosts are reached and what command each host runs for a job of
 ringflow launcher agents (`agent_parts`); `launchers/__init__.py` registers them by name.
+The watch of an attached job lives in `launchers.watch`, the reading of the hosts' clocks
+in `launchers.clocks`.
 """
 
 from __future__ import annotations
@@ -20,39 +22,23 @@ from typing import Any, ClassVar, TypeVar
 from ringflow.errors import ConfigError, FolderError, LaunchError, gathered
 from ringflow.launch import jobdir
 from ringflow.launch.exits import FOLDER_REFUSED_EXIT
-from ringflow.launch.follow import FINAL_PREFIX
-from ringflow.launch.leftovers import FROZEN_WORDS
 from ringflow.launch.stdin import ENV_KEY, MASK_KEY
 from ringflow.launch.supervisor import STARTED_PREFIX
 from ringflow_provider.hooks.allowed_hosts import HostNotAllowedError
-from ringflow_provider.launchers import commands
+from ringflow_provider.launchers import commands, watch
+from ringflow_provider.launchers.clocks import clock_offsets
 from ringflow_provider.launchers.commands import Runtime
 from ringflow_provider.launchers.job import JobHandle, Part, TaskKey
-from ringflow_provider.launchers.lines import JobLine, lines_of, read_line
+from ringflow_provider.launchers.lines import lines_of
 from ringflow_provider.launchers.shells import Shell
+from ringflow_provider.launchers.watch import LineHandler
 
 T = TypeVar("T")
 TASK_VAR = "RINGFLOW_TASK"       # every process of a task's jobs carries the task's key
 STOP_BUDGET_S = 1.8              # Airflow SIGKILLs about 5 s after the SIGTERM of on_kill
 COMMAND_TIMEOUT_S = 30.0
 STOP_EARLIER_WAIT_S = 20.0
-CLOCK_NOTE_S = 1.0  # a host clock this far from the launcher's is said in the task log
 MAX_PEEK_BYTES = 1 << 20
-# after another part failed, how long the watch of a part whose host could not be reached to
-# stop it waits for that part's own stream to end before it gives the host up as lost (at
-# most a quarter of the ranks' heartbeat timeout, which already waited for that host)
-LOST_HOST_GRACE_S = 5.0
-LineHandler = Callable[[JobLine], None]
-
-
-def lost_host_grace(handle: JobHandle) -> float:
-    """After a part failed: how long a part whose host cannot be reached may stay silent
-    before the watch gives that host up as lost (LOST_HOST_GRACE_S, at most a quarter of
-    the ranks' heartbeat timeout: the ranks waited that long for the host already)."""
-    heartbeat = handle.extra.get("heartbeat_timeout")
-    if not isinstance(heartbeat, (int, float)) or heartbeat <= 0:
-        return LOST_HOST_GRACE_S
-    return min(LOST_HOST_GRACE_S, heartbeat / 4)
 
 
 class Launcher:
@@ -251,34 +237,8 @@ class Launcher:
                           info.get("supervisor_pid"), info.get("pgid"), self.job_dir(task))
         handle.extra["started"] = {host: {k: info.get(k) for k in (
             "pid", "pgid", "supervisor_pid")} for host, info in said.items()}
-        handle.extra["clock_offsets"] = self.clock_offsets()
+        handle.extra["clock_offsets"] = clock_offsets(self)
         return handle
-
-    def clock_offsets(self) -> dict[str, float]:
-        """Each host's clock against this one (seconds to add to a time its ringflow
-        processes report), from when each host's reading of its clock arrived here: the
-        failures of different hosts are ordered on this process's clock, so a host whose
-        clock is skewed does not come first by its own account (`clock_offset`). A host
-        that does not answer gets none (its own clock counts)."""
-        def sample(host: str) -> float | None:
-            try:
-                sent = time.time()
-                code, out, _ = self.run(host, commands.clock_command(self.runtime(host)),
-                                        timeout=self.conn_timeout)
-                arrived = time.time()
-                return clock_offset(sent, arrived, float(out.strip().splitlines()[-1])) \
-                    if code == 0 else None
-            except (LaunchError, ValueError, IndexError):
-                return None
-
-        offsets = self.on_every_host(sample, "reading the hosts' clocks")
-        found = {host: offset for host, offset in offsets.items() if offset is not None}
-        skewed = {host: o for host, o in found.items() if abs(o) >= CLOCK_NOTE_S}
-        if skewed:
-            self.log.info("host clocks against this one: %s (failures are ordered on this "
-                          "host's clock)", ", ".join(f"{h} {o:+.1f} s" for h, o in
-                                                     skewed.items()))
-        return found
 
     # -- watching --------------------------------------------------------------------------
     def attach(self, handle: JobHandle, on_line: LineHandler, *,
@@ -287,62 +247,9 @@ class Launcher:
         """Stream every part's output from `offsets` (default 0) until all have ended (or
         `should_stop()`); each line goes to `on_line`. Returns each part's final status
         (status.json, with `state` and `offset`). The first part that fails stops the
-        others. With `tie`, the parts stop if this process goes away."""
-        finals: dict[str, dict[str, Any]] = {}
-        stopping = threading.Event()
-        unreachable: dict[str, float] = {}  # host -> when a stop could not reach it
-        frozen: set[str] = set()  # hosts whose stop found the job's processes halted
-        grace = lost_host_grace(handle)
-
-        def given_up(host: str) -> bool:
-            since = unreachable.get(host)
-            return since is not None and time.monotonic() - since > grace
-
-        def follow(part: Part) -> None:
-            final: dict[str, Any] = {}
-
-            def sink(stream: str, raw: str) -> None:
-                if stream == "stderr" and raw.startswith(FINAL_PREFIX):
-                    final.update(json.loads(raw[len(FINAL_PREFIX):]))
-                    return
-                on_line(read_line(stream, raw, part.host if handle.show_hosts else None,
-                                  list(handle.hosts) if handle.gathered else None))
-
-            command = commands.follow_command(self.runtime_of(handle, part), part.job_dir,
-                                              (offsets or {}).get(part.host, 0), renew=renew,
-                                              tie=tie)
-            try:
-                code = self.shell(part.host).stream(
-                    command, sink, lambda: should_stop() or given_up(part.host))
-            except LaunchError as exc:
-                final.update(state="unreachable", cause=str(exc), exit_code=None)
-                code = -1
-            if code == -1 and not final and given_up(part.host):
-                final.update(state="unreachable", exit_code=None,
-                             cause=f"host {part.host} could not be reached to stop its part "
-                                   "after another part failed")
-            final.setdefault("state", "unknown")
-            final.setdefault("exit_code", code if code >= 0 else None)
-            finals[part.host] = final
-            if (final.get("exit_code") != 0 or final["state"] != jobdir.ENDED) and \
-                    not stopping.is_set() and not should_stop() and len(handle.parts) > 1:
-                stopping.set()
-                said = self.stop(handle, f"the job's part on {part.host} ended badly",
-                                 skip=part.host)
-                frozen.update(h for h, text in said.items() if FROZEN_WORDS in text)
-                now = time.monotonic()
-                unreachable.update({p.host: now for p in handle.parts
-                                    if p.host != part.host and p.host not in said})
-
-        threads = [threading.Thread(target=follow, args=(p,), daemon=True,
-                                    name=f"ringflow-follow-{p.host}") for p in handle.parts]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        for host in frozen & set(finals):
-            finals[host]["frozen"] = True
-        return finals
+        others. With `tie`, the parts stop if this process goes away (`launchers.watch`)."""
+        return watch.attach(self, handle, on_line, offsets=offsets, tie=tie, renew=renew,
+                            should_stop=should_stop)
 
     def runtime_of(self, handle: JobHandle, part: Part) -> Runtime:
         return Runtime(handle.python, handle.pythonpath)
@@ -460,14 +367,3 @@ class Launcher:
                                   handle.try_number, (out + err).strip())
         self.stop_leftovers(task)
 
-
-def clock_offset(sent: float, arrived: float, remote: float) -> float:
-    """Seconds to add to a host's times, from its clock's reading `remote` taken somewhere
-    between `sent` and `arrived` (this clock): the reading at its arrival, unless this
-    clock could have read the same at some moment of the round trip; then none. A host
-    whose clock agrees within the round trip is taken as agreeing: a round trip slowed by
-    load (seconds, on a busy worker) would otherwise skew the order of failures by as much.
-    Error: the round trip, for a host whose clock is further off than that."""
-    if sent - remote <= 0.0 <= arrived - remote:
-        return 0.0
-    return round(arrived - remote, 3)

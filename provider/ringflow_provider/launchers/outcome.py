@@ -55,7 +55,7 @@ class AgentOutcome:
         """(host, the failed rank's entry) of the rank that failed first across the hosts:
         one that failed on its own before one that saw a peer fail first, then by the time
         it began to exit, then by host order. A time a host reported is put on the
-        launcher's clock with that host's `clock_offsets` (`Launcher.clock_offsets`): a
+        launcher's clock with that host's `clock_offsets` (`clocks.clock_offsets`): a
         host whose clock is seconds behind does not come first by its own account. A failure
         that blamed a rank whose own failure another host reported leads to that one
         (`end_of_blame`). The failures of `halted` hosts (found frozen: their ranks ran

@@ -10,7 +10,6 @@ from typing import Any, ClassVar
 
 from airflow.sdk import BaseOperator, conf
 from airflow.sdk.exceptions import TaskDeferred
-from pydantic import TypeAdapter
 
 from ringflow.errors import LaunchError, did_you_mean
 from ringflow_provider.exceptions import (
@@ -25,6 +24,7 @@ from ringflow_provider.launchers import launcher_for
 from ringflow_provider.launchers.base import Launcher
 from ringflow_provider.launchers.job import ON_EXISTING, JobHandle, TaskKey
 from ringflow_provider.launchers.lines import JobLine, log_fields
+from ringflow_provider.rendered import flag
 from ringflow_provider.triggers.job import JobTrigger
 
 XCOM_JOB = "ringflow_job"
@@ -279,9 +279,6 @@ class RingflowJobOperator(BaseOperator):
             f"watches the job over SSH, or use deferrable=False")
 
 
-_BOOL = TypeAdapter(bool)
-
-
 def _refuse_unknown(cls: type, kwargs: dict[str, Any]) -> None:
     """Airflow's TypeError for arguments no class of the operator takes, with the nearest
     name each (`stpes` -> `steps`), before BaseOperator lists them without one."""
@@ -298,14 +295,6 @@ def _refuse_unknown(cls: type, kwargs: dict[str, Any]) -> None:
 
 def _templated(value: Any) -> bool:
     return isinstance(value, str) and ("{{" in value or "{%" in value)
-
-
-def flag(name: str, value: Any) -> bool:
-    """A templated true/false argument as a bool (ValueError naming it)."""
-    try:
-        return _BOOL.validate_python(value.strip() if isinstance(value, str) else value)
-    except ValueError:
-        raise ValueError(f"{name}: expected true or false, got {value!r}") from None
 
 
 def _seconds(name: str, value: Any, none_ok: bool = False) -> float | None:

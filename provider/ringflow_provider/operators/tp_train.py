@@ -14,7 +14,6 @@ import contextlib
 import json
 import os
 import secrets as token_source
-import sys
 import time
 import uuid
 from typing import Any, ClassVar
@@ -22,8 +21,6 @@ from typing import Any, ClassVar
 from airflow.sdk import Asset
 
 from ringflow.errors import ConfigError, LaunchError
-from ringflow.train import memory
-from ringflow.train.checkpoint import latest_checkpoint
 from ringflow_provider.exceptions import (
     RingflowConfigException,
     RingflowHostUnreachableException,
@@ -34,40 +31,29 @@ from ringflow_provider.exceptions import (
 from ringflow_provider.hooks.multi_ssh import MultiHostSSHHook
 from ringflow_provider.jobs import Secrets
 from ringflow_provider.jobs.masking import split_env
-from ringflow_provider.jobs.unsafe import check_env
 from ringflow_provider.launchers import get_launcher
 from ringflow_provider.launchers.base import Launcher
 from ringflow_provider.launchers.job import JobHandle, TaskKey
 from ringflow_provider.launchers.lines import JobLine
 from ringflow_provider.launchers.local import ringflow_home
-from ringflow_provider.operators.base import RingflowJobOperator, flag
+from ringflow_provider.operators.base import RingflowJobOperator
 from ringflow_provider.plugins.links import TrainingCurveLink
 from ringflow_provider.tp_train import outcome
-from ringflow_provider.tp_train.args import (
-    DEFAULT_HEARTBEAT_TIMEOUT_S,
-    base_port,
-    connections,
-    env_dict,
-    folder,
-    heartbeat_timeout,
-    host_list,
-    interpreter,
-    launcher_name,
-    positive_int,
+from ringflow_provider.tp_train.args import DEFAULT_HEARTBEAT_TIMEOUT_S, env_dict
+from ringflow_provider.tp_train.plan import (
+    DEFAULT_CHECKPOINT_DIR,
+    DEFAULT_FOLDER,
+    DEFAULT_LOG_DIR,
+    check_memory,
+    folder_ids,
+    job_plan,
+    log_plan,
 )
 from ringflow_provider.tp_train.report import JobReport, Presenter
-from ringflow_provider.tp_train.spec import SPEC_FIELDS, parse_spec, path_part, task_folder
+from ringflow_provider.tp_train.spec import SPEC_FIELDS
 
 __all__ = ["DEFAULT_CHECKPOINT_DIR", "DEFAULT_LOG_DIR", "TPTrainOperator", "ringflow_home"]
 
-# {home} is $RINGFLOW_HOME, else ~/.ringflow (ringflow_home())
-DEFAULT_LOG_DIR = "{home}/runs/{dag_id}/{run_id}/{task_id}/try-{try_number}"
-# shared by the tries of a task, so a retry resumes where the failed try left off
-DEFAULT_CHECKPOINT_DIR = "{home}/checkpoints/{dag_id}/{run_id}/{task_id}"
-# with hosts: relative to the SSH login's home on each host (the agents' working folder)
-REMOTE_LOG_DIR = ".ringflow/runs/{dag_id}/{run_id}/{task_id}/try-{try_number}"
-REMOTE_CHECKPOINT_DIR = ".ringflow/checkpoints/{dag_id}/{run_id}/{task_id}"
-_DEFAULT = "default"
 _STOP_GRACE_S = 10.0  # the supervisor's SIGTERM -> SIGKILL; the agent's own grace is 5 s
 
 
@@ -211,7 +197,7 @@ class TPTrainOperator(RingflowJobOperator):
                  steps: int | str = 200, global_batch_size: int | str = 32,
                  seed: int | str = 0, tensor_parallel_degree: int | str = 1,
                  dtype: str = "float32", log_every: int | str = 10,
-                 checkpoint_dir: str | None = _DEFAULT, checkpoint_every: int | str = 100,
+                 checkpoint_dir: str | None = DEFAULT_FOLDER, checkpoint_every: int | str = 100,
                  resume: bool | str = True, amp: bool | str = False,
                  recompute: bool | list[str] | str = False,
                  sharding_stage: int | str = 0,
@@ -279,48 +265,14 @@ class TPTrainOperator(RingflowJobOperator):
         return found
 
     def _plan(self, context: Any) -> dict[str, Any]:
-        """The rendered arguments, validated (spec, nproc, log_dir, extra, secret; with
-        hosts also hosts, conns, remote_log_dir, python, launcher, base_port). A bad value
-        fails the task at once, without retries, naming field and value."""
-        task = TaskKey.from_ti(context["ti"])
-        ids = {"home": ringflow_home(), "dag_id": path_part(task.dag_id),
-               "run_id": path_part(task.run_id),
-               "task_id": task_folder(task.task_id, task.map_index),
-               "try_number": task.try_number}
+        """The rendered arguments, validated into the job's plan (`tp_train.plan.job_plan`).
+        A bad value fails the task at once, without retries, naming field and value."""
+        ids = folder_ids(TaskKey.from_ti(context["ti"]))
         try:
-            hosts = host_list(self.hosts)
-            values = {name: getattr(self, name) for name in SPEC_FIELDS}
-            if values["checkpoint_dir"] == _DEFAULT:
-                values["checkpoint_dir"] = (REMOTE_CHECKPOINT_DIR if hosts
-                                            else DEFAULT_CHECKPOINT_DIR).format(**ids)
-            if not hosts and isinstance(values["checkpoint_dir"], str) and \
-                    values["checkpoint_dir"].strip():
-                values["checkpoint_dir"] = os.path.expanduser(values["checkpoint_dir"].strip())
-            spec = parse_spec(values)
-            nproc = positive_int(self.nproc_per_host, "nproc_per_host")
-            spec.check_layout(nproc * max(len(hosts), 1), nproc)
-            extra = env_dict(self.extra_env, "extra_env")
-            secret = env_dict(self.secret_env, "secret_env")
-            check_env(extra, "extra_env", self.allow_unsafe_env)
-            check_env(secret, "secret_env", self.allow_unsafe_env)
-            plan = {"spec": spec, "nproc": nproc, "hosts": hosts, "extra": extra,
-                    "memory": _estimate(spec, nproc * max(len(hosts), 1), extra),
-                    "memory_check": flag("memory_check", self.memory_check),
-                    "secret": secret, "launcher": "local",
-                    "conns": {}, "python": "python3", "base_port": None,
-                    "heartbeat": heartbeat_timeout(self.heartbeat_timeout)}
-            if hosts:
-                plan.update(conns=connections(self.ssh_conn_id, hosts),
-                            log_dir=folder("log_dir", self.log_dir or REMOTE_LOG_DIR, ids),
-                            python=interpreter(self.python), launcher=launcher_name(
-                                self.launcher), base_port=base_port(self.base_port, nproc))
-            else:
-                plan["log_dir"] = os.path.expanduser(
-                    folder("log_dir", self.log_dir or DEFAULT_LOG_DIR, ids))
+            return job_plan(self, ids)
         except Exception as exc:  # validation messages quote values: mask them
             raise RingflowConfigException(
                 self._secrets.mask(f"task {self.task_id!r}: {exc}")) from None
-        return plan
 
     # running ----------------------------------------------------------------------------------
     def execute(self, context: Any) -> dict[str, Any]:
@@ -342,7 +294,7 @@ class TPTrainOperator(RingflowJobOperator):
         """Prepare the hosts, stop what earlier tries left, start one agent per host."""
         spec, nproc = plan["spec"], plan["nproc"]
         task = TaskKey.from_ti(context["ti"])
-        self._log_plan(spec, nproc, plan, task)
+        log_plan(self.log, plan, task)
         # a job that cannot fit is refused before any folder is made on a host
         self._check_memory(launcher, plan)
         launcher.prepare(numpy=True, writable={"log_dir": plan["log_dir"],
@@ -381,50 +333,10 @@ class TPTrainOperator(RingflowJobOperator):
 
     def _check_memory(self, launcher: Launcher, plan: dict[str, Any]) -> None:
         """Every host's MemAvailable holds its ranks' estimate, or the job is refused."""
-        need: memory.MemoryEstimate = plan["memory"]
-        if not plan["memory_check"]:
-            self.log.info("memory: %s; not checked (memory_check is False)", need.describe())
-            return
-        available = launcher.mem_available()
-        self.log.info("memory: %s; MemAvailable %s", need.describe(), ", ".join(
-            f"{host} {value / memory.MIB:.0f} MiB" for host, value in available.items()))
         try:
-            memory.check_fits(need, plan["nproc"], available)
+            check_memory(launcher, plan, self.log)
         except ConfigError as exc:
             raise RingflowConfigException(f"task {self.task_id!r}: {exc}") from None
-
-    def _log_plan(self, spec: Any, nproc: int, plan: dict[str, Any], task: TaskKey) -> None:
-        hosts, mp = plan["hosts"], spec.tensor_parallel_degree
-        world = nproc * max(len(hosts), 1)
-        where = (f"on {len(hosts)} hosts ({','.join(hosts)}), {nproc} ranks each, launcher "
-                 f"{plan['launcher']}" if hosts else "on this host")
-        self.log.info(
-            "training %s %s: %d ranks (mp %d x dp %d), %d steps of %d "
-            "samples, %s, %s optimizer; logs and spec in %s", spec.model, where, world, mp,
-            world // mp, spec.steps, spec.global_batch_size, spec.dtype,
-            spec.optimizer["type"], plan["log_dir"])
-        if spec.checkpoint_dir is None:
-            self.log.info("no checkpoints (checkpoint_dir is None): a retry starts over")
-            return
-        if hosts:
-            self.log.info("checkpoints in %s on each host", spec.checkpoint_dir)
-            return
-        try:
-            latest = latest_checkpoint(spec.checkpoint_dir) if spec.resume else None
-        except OSError as exc:  # the ranks report what they cannot read or make there
-            self.log.info("try %d: cannot look for checkpoints in %s: %s", task.try_number,
-                          spec.checkpoint_dir, exc.strerror)
-            return
-        if latest is None:
-            self.log.info("try %d: no complete checkpoint in %s: training starts at step 1",
-                          task.try_number, spec.checkpoint_dir)
-        elif latest.step >= spec.steps:
-            self.log.info("try %d: the checkpoint of step %d in %s already reaches the %d "
-                          "steps asked: nothing to train", task.try_number, latest.step,
-                          latest.path, spec.steps)
-        else:
-            self.log.info("try %d: resuming from step %d (checkpoint %s)", task.try_number,
-                          latest.step, latest.path, resume_step=latest.step)
 
     # the job's lines ----------------------------------------------------------------------------
     def new_report(self) -> JobReport:
@@ -492,17 +404,3 @@ def debug_run(context: Any) -> bool:
     return (str(run_id).startswith(DEBUG_RUN_PREFIX)
             or os.environ.get("AIRFLOW_TEST_MODE", "").lower() == "true")
 
-
-def _estimate(spec: Any, world_size: int, extra: dict[str, str]) -> memory.MemoryEstimate:
-    """The memory rank 0 needs, from its program built here: a `package.module:build_fn`
-    that cannot be imported (with ``extra_env``'s ``PYTHONPATH`` on the path, as the ranks
-    have it) or returns no model fails here, before anything starts."""
-    paths = [p for p in extra.get("PYTHONPATH", "").split(os.pathsep) if p]
-    added = [p for p in paths if p not in sys.path]
-    sys.path[:0] = added
-    try:
-        return memory.estimate(spec, world_size)
-    finally:
-        for p in added:
-            with contextlib.suppress(ValueError):
-                sys.path.remove(p)

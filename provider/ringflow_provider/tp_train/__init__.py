@@ -1,7 +1,8 @@
 """TPTrainOperator's parts without Airflow: the job spec at the boundary (`spec`), the
-argument rules (`args`), and what the job's lines become (`report`); and `params`, the
-trigger form's Params made from those rules (`form`; imports Airflow when called), and
-`variable_choices`, the choices a DAG author allows in an Airflow Variable."""
+argument rules (`args`), the job's plan made by them (`plan`), and what the job's lines
+become (`report`); and `params`, the trigger form's Params made from those rules (`form`;
+imports Airflow when called), and `variable_choices`, the choices a DAG author allows in an
+Airflow Variable."""
 
 from __future__ import annotations
 

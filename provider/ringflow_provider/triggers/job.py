@@ -30,10 +30,10 @@ from ringflow.launch.leftovers import FROZEN_WORDS
 from ringflow_provider.hooks.allowed_hosts import AllowedHosts, HostNotAllowedError
 from ringflow_provider.jobs.masking import Secrets
 from ringflow_provider.launchers import commands
-from ringflow_provider.launchers.base import lost_host_grace
 from ringflow_provider.launchers.commands import Runtime
 from ringflow_provider.launchers.job import JobHandle, Part
 from ringflow_provider.launchers.lines import JobLine, lines_of, log_fields
+from ringflow_provider.launchers.watch import lost_host_grace
 
 CLASSPATH = "ringflow_provider.triggers.job.JobTrigger"
 PEEK_BYTES = 1 << 20
