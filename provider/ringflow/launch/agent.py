@@ -1,16 +1,14 @@
 """The launcher agent: spawn this host's ranks, watch them, stop them all on the first failure
 or on a signal, clean up (processes, shm segments), and report one all-or-nothing result.
 
-Each worker is the leader of its own session and process group (pgid == pid). Its exit is
-observed without reaping it (waitid WNOWAIT) until the very end, so its pid, and with it the
-group id we signal, cannot be reused by a stranger while the job runs.
+Each worker is the leader of its own session and process group (pgid == pid), watched
+without being reaped until the very end (`ringflow.launch.workers`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import select
 import signal
 import subprocess
 import sys
@@ -34,7 +32,6 @@ from ringflow.launch.processes import (
     Prctl,
     children_of,
     describe_returncode,
-    exit_status,
     live_groups,
     reap_orphans,
     signal_group,
@@ -44,6 +41,7 @@ from ringflow.launch.result import JobResult, RankResult
 from ringflow.launch.shm import sweep_job_segments
 from ringflow.launch.stdin import StdinWatch
 from ringflow.launch.watchdog import WatchdogClient
+from ringflow.launch.workers import ExitWaiter, SignalTrap, Worker, open_pidfd
 
 POLL_S = 0.05
 ORPHAN_SWEEP_S = 2.0
@@ -56,75 +54,6 @@ EXITING_WAIT_S = 5.0  # ... and for a rank that reported it began to exit to end
 PUMP_REPORT_S = 0.2
 
 
-@dataclass
-class Worker:
-    local_rank: int
-    rank: int
-    proc: subprocess.Popen
-    log_path: Path
-    pump: LogPump | None = None
-    returncode: int | None = None
-    ended_at: float | None = None  # unix time its exit was seen, to order failures
-    stopped: bool = False
-    pidfd: int | None = None  # readable once the process exits (Linux >= 5.3)
-
-    @property
-    def pgid(self) -> int:
-        return self.proc.pid
-
-    @property
-    def began_exit_at(self) -> float | None:
-        """When it began to exit: its own report (a ringflow worker's, before it closes its
-        rings), else when its exit was seen."""
-        reported = self.pump.began_exit_at if self.pump is not None else None
-        known = [t for t in (reported, self.ended_at) if t is not None]
-        return round(min(known), 6) if known else None
-
-    @property
-    def after_peer_failure(self) -> bool:
-        """It reported that it saw a peer fail before it did (a consequence, not a cause)."""
-        return self.pump is not None and self.pump.after_peer_failure
-
-    @property
-    def blamed_rank(self) -> int | None:
-        """The global rank of the peer it saw fail, where it said."""
-        return self.pump.blamed_rank if self.pump is not None else None
-
-    def check_exit(self) -> bool:
-        """Record the exit status once the process ended (without reaping it)."""
-        if self.returncode is None:
-            self.returncode = exit_status(self.proc.pid)
-            if self.returncode is not None:
-                self.ended_at = round(host_time(), 3)
-        return self.returncode is not None
-
-
-class ExitWaiter:
-    """Sleeps until a worker exits or a timeout passes, so exits are seen in the order they
-    happen (the first failure is the root cause), not in rank order once per poll."""
-
-    def __init__(self, workers: list[Worker]) -> None:
-        self._workers = workers
-        self._poll = select.poll()
-        self._by_fd = {w.pidfd: w for w in workers if w.pidfd is not None}
-        for fd in self._by_fd:
-            self._poll.register(fd, select.POLLIN)
-
-    def ended(self, timeout_s: float) -> list[Worker]:
-        """Workers whose exit was first seen in this call, earliest first."""
-        if self._by_fd:
-            events = self._poll.poll(timeout_s * 1000)
-        else:
-            time.sleep(timeout_s)
-            events = []
-        first = [self._by_fd[fd] for fd, _ in events if fd in self._by_fd]
-        for fd, _ in events:
-            self._poll.unregister(fd)
-            self._by_fd.pop(fd, None)
-        ended = [w for w in first if w.returncode is None and w.check_exit()]
-        return ended + [w for w in self._workers if w.returncode is None and w.check_exit()]
-
-
 @dataclass(frozen=True)
 class Cause:
     """Why the job ended: the root cause the launcher reports and exits with."""
@@ -133,31 +62,6 @@ class Cause:
     exit_code: int
     text: str
     worker: Worker | None = None
-
-
-class SignalTrap:
-    """Turns SIGTERM/SIGINT/SIGHUP into requests the watch loop acts on (main thread only)."""
-
-    SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-
-    def __init__(self) -> None:
-        self.received: list[int] = []
-        self._previous: dict[int, object] = {}
-
-    def install(self) -> None:
-        for sig in self.SIGNALS:
-            try:
-                self._previous[sig] = signal.signal(sig, self._on_signal)
-            except ValueError:  # not the main thread: the caller must forward signals
-                return
-
-    def restore(self) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-        self._previous.clear()
-
-    def _on_signal(self, signum: int, frame: object) -> None:
-        self.received.append(signum)
 
 
 class Agent:
@@ -240,7 +144,7 @@ class Agent:
             raise LaunchError(f"cannot start rank {rank} (local rank {local_rank}) on host "
                               f"{self.config.host}: {argv[0]}: {exc}") from exc
         log_path = self.config.log_dir / f"workerlog.{rank}"
-        self.workers.append(Worker(local_rank, rank, proc, log_path, pidfd=_pidfd(proc.pid)))
+        self.workers.append(Worker(local_rank, rank, proc, log_path, pidfd=open_pidfd(proc.pid)))
         assert self._watchdog is not None
         self._watchdog.watch_group(proc.pid)
 
@@ -422,13 +326,6 @@ def _rank_result(w: Worker) -> RankResult:
                       returncode=w.returncode, exit_code=code, signal=sig,
                       ended_at=w.began_exit_at, after_peer_failure=w.after_peer_failure,
                       stopped_by_launcher=w.stopped, blamed_rank=w.blamed_rank)
-
-
-def _pidfd(pid: int) -> int | None:
-    try:
-        return os.pidfd_open(pid)
-    except (AttributeError, OSError):  # Python < 3.9 or Linux < 5.3: plain polling
-        return None
 
 
 def _environ_entries(pid: int) -> list[bytes]:

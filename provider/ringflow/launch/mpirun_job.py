@@ -2,7 +2,7 @@
 its output joined into whole tagged lines, signals forwarded, the first failing process
 named, a host whose processes went silent given up (what is left there is stopped over SSH:
 `ringflow.launch.silent_hosts`), this host's leftovers stopped, a failed job's shared memory
-swept on every host.
+swept on every host (`ringflow.launch.shm_sweep`).
 
 mpirun does the rest as poprun relies on it to: a non-zero exit or a signal of any process
 stops all the others, and mpirun's exit code is the first failing process's.
@@ -13,7 +13,6 @@ their jobs with it.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import secrets as token_source
 import signal
@@ -26,7 +25,7 @@ from typing import IO, Protocol
 
 from ringflow.errors import ConfigError, LaunchError
 from ringflow.launch.env import JOB_ID_VAR, JOB_TOKEN_VAR, resolve_identity
-from ringflow.launch.exits import describe_exit, describe_signal, failure_order, shell_exit_code
+from ringflow.launch.exits import describe_exit, describe_signal, shell_exit_code
 from ringflow.launch.leftovers import (
     DAEMON_LOST_TAG,
     GIVEN_UP_WORDS,
@@ -37,21 +36,17 @@ from ringflow.launch.leftovers import (
 from ringflow.launch.line_writer import LineWriter
 from ringflow.launch.lines import PARTIAL_MARK, Line
 from ringflow.launch.openmpi import (
-    DAEMON_SSH_CLOSED,
-    EXIT_LINE,
     EXIT_NONCE_VAR,
-    FAILED_CODE,
-    FAILED_RANK,
-    LOST_DAEMON,
-    RANK_EXIT_LINE,
-    SIGNALLED,
-    TAGGED_LINE,
+    ExitReports,
     MpirunPlan,
     OutputJoiner,
+    failure_report,
+    lost_daemon_node,
     mpirun_argv,
-    one_per_host_argv,
 )
+from ringflow.launch.processes import Prctl
 from ringflow.launch.secret_drop import SecretDrop
+from ringflow.launch.shm_sweep import sweep_hosts
 from ringflow.launch.silent_hosts import HostStops
 from ringflow.launch.watchdog import WatchdogClient
 
@@ -60,7 +55,6 @@ __all__ = ["Lifeline", "MpirunJob"]
 STOP_GRACE_S = 15  # mpirun's own TERM-then-KILL takes a few seconds; then we SIGKILL it
 LEFT_GRACE_S = 2  # this host's processes that outlived mpirun: SIGTERM, then SIGKILL
 DRAIN_S = 5  # output still in the pipes after mpirun's exit
-SWEEP_TIMEOUT_S = 30
 POLL_S = 0.2
 # how the job names the processes it gave up on (the provider reads it to name lost hosts)
 SILENT_WORDS = "no exit report from process(es)"
@@ -68,11 +62,6 @@ SILENT_WORDS = "no exit report from process(es)"
 # report: Open MPI waits for a daemon on a host that vanished until TCP gives up (minutes)
 SILENT_GRACE_S = 10.0
 SILENT_KILL_S = 2.0  # ... then SIGTERM, and SIGKILL this long after (it waits for them too)
-_PR_SET_PDEATHSIG = 1
-_SWEEP = ("import sys\nfrom ringflow.launch.shm import sweep_job_segments\n"
-          "removed = sweep_job_segments(sys.argv[1])\n"
-          "print('removed shm segments ' + ' '.join(removed) if removed else "
-          "'no shm segment of the job left')\n")
 
 
 class Lifeline(Protocol):
@@ -82,20 +71,6 @@ class Lifeline(Protocol):
     reason: str
 
     def start(self) -> None: ...
-
-
-def _parent_death_sigterm() -> Callable[[], None]:
-    libc = ctypes.CDLL(None, use_errno=True)
-    parent = os.getpid()
-
-    def setup() -> None:
-        # mpirun, told by SIGTERM, stops every process on every host: so if this process is
-        # SIGKILLed, mpirun still gets the signal it needs to clean up.
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-        if os.getppid() != parent:
-            os._exit(128 + signal.SIGTERM)
-
-    return setup
 
 
 class MpirunJob:
@@ -134,9 +109,7 @@ class MpirunJob:
         self._mpirun_said: list[str] = []
         self._daemons_lost: set[str] = set()
         self._watchdog: WatchdogClient | None = None
-        self._exits: list[tuple[float, int, int]] = []  # (time, index, exit code)
-        self._began_exit: dict[int, float] = {}
-        self._after_peer_failure: set[int] = set()  # processes that reported seeing one
+        self._exits = ExitReports(self._exit_nonce)  # what the processes said of their exits
         self.silent: list[int] = []  # processes that never reported after another failed
         # stopping, over SSH, what is left on the hosts given up
         self._host_stops = HostStops(self.environ, lambda: self._token, self.say)
@@ -164,7 +137,7 @@ class MpirunJob:
         def emit(index: int | None, line: str) -> None:
             whole = isinstance(line, Line) and line.whole
             if index is not None and name == "stderr" and whole and \
-                    self._exit_report(index, line):
+                    self._exits.take(index, line):
                 return
             if index is None:
                 if name == "stderr":
@@ -182,26 +155,12 @@ class MpirunJob:
         """mpirun lost the daemon of a host (it rebooted, its daemon was killed, the network
         dropped it): say which, once, in a line of this launcher's own (the provider names
         the host from it)."""
-        lost = LOST_DAEMON.match(line) or DAEMON_SSH_CLOSED.match(line)
-        if lost and lost.group(1) not in self._daemons_lost:
-            self._daemons_lost.add(lost.group(1))
-            self.say(f"{lost.group(1)} {DAEMON_LOST_TAG}: Open MPI's daemon there went away "
+        host = lost_daemon_node(line)
+        if host is not None and host not in self._daemons_lost:
+            self._daemons_lost.add(host)
+            self.say(f"{host} {DAEMON_LOST_TAG}: Open MPI's daemon there went away "
                      "(mpirun lost communication with it: the host rebooted or went down, "
                      "or the daemon was killed)")
-
-    def _exit_report(self, index: int, line: str) -> bool:
-        """Record a line that reports an exit (for us, not for people); False if not one."""
-        reported = EXIT_LINE.match(line)
-        if reported and reported.group(1) == self._exit_nonce:  # its sh: exit code and time
-            self._exits.append((float(reported.group(3)), index, int(reported.group(2))))
-            return True
-        began = RANK_EXIT_LINE.match(line)
-        if began:  # a ringflow worker about to close its rings
-            self._began_exit.setdefault(index, float(began.group(1)))
-            if began.group(2):
-                self._after_peer_failure.add(index)
-            return True
-        return False
 
     @staticmethod
     def _pump(pipe: IO[bytes], joiner: OutputJoiner) -> None:
@@ -290,10 +249,12 @@ class MpirunJob:
         return code
 
     def _start_mpirun(self, argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+        # mpirun gets SIGTERM (and stops every process on every host) even if we are SIGKILLed
         try:
             return subprocess.Popen(
                 argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE, preexec_fn=_parent_death_sigterm())
+                stderr=subprocess.PIPE,
+                preexec_fn=Prctl().child_setup(os.getpid(), signal.SIGTERM))
         except FileNotFoundError:
             raise ConfigError(f"{self.mpirun!r} not found: ringflow runs the processes with "
                               "Open MPI's mpirun (Debian: apt install openmpi-bin)") from None
@@ -309,7 +270,7 @@ class MpirunJob:
                 return proc.wait(timeout=POLL_S)
             except subprocess.TimeoutExpired:
                 pass
-            if failed_at is None and any(code != 0 for _, _, code in self._exits):
+            if failed_at is None and self._exits.any_failed():
                 failed_at = time.monotonic()
             if failed_at is not None and not gave_up and self._stop_cause is None and \
                     time.monotonic() - failed_at > self._silent_grace():
@@ -369,8 +330,7 @@ class MpirunJob:
 
     def _unreported(self) -> list[int]:
         """The processes (by index) that sent no exit report."""
-        reported = {index for _, index, _ in self._exits}
-        return [i for i in range(len(self.plan.contexts)) if i not in reported]
+        return self._exits.unreported(len(self.plan.contexts))
 
     def _stop_leftovers(self, token: str) -> None:
         left = job_processes(token, exclude=ancestors())
@@ -402,16 +362,13 @@ class MpirunJob:
     # after a failure ----------------------------------------------------------------------
     def _first_failure(self, code: int) -> int:
         """Name the process that failed first and return the job's exit code: its code.
-        By `failure_order`, on the hosts' clocks, not by the order mpirun heard of the exits:
-        when a ringflow worker began to exit (before its peers could notice), else when the
-        process's sh saw it end; mpirun's own report when no process's came."""
+        By `ExitReports.first_failed` (on the hosts' clocks, not by the order mpirun heard
+        of the exits); mpirun's own report when no process's came."""
         if self._stop_cause is not None:
             return code
-        failed = sorted((failure_order(i in self._after_peer_failure,
-                                       min(t, self._began_exit.get(i, t)), i), c)
-                        for t, i, c in self._exits if c != 0)
-        if failed:
-            (_, _, index), exit_code = failed[0]
+        first = self._exits.first_failed()
+        if first is not None:
+            index, exit_code = first
             self._say_failed(index, self.plan.host_of(index), exit_code)
             return exit_code
         self._say_mpirun_report(code)
@@ -422,41 +379,22 @@ class MpirunJob:
                  "every instance was stopped")
 
     def _say_mpirun_report(self, code: int) -> None:
-        said = "\n".join(self._mpirun_said)
-        rank, exit_code = FAILED_RANK.search(said), FAILED_CODE.search(said)
-        signalled = SIGNALLED.search(said)
-        if rank and exit_code:
-            index = int(rank.group(1))
-            self._say_failed(index, self.plan.host_of(index), int(exit_code.group(1)))
-        elif signalled:
-            self.say(f"instance {signalled.group(1)} on {signalled.group(2)} was ended by "
-                     f"{describe_signal(int(signalled.group(3)))}; every instance was stopped")
+        report = failure_report("\n".join(self._mpirun_said))
+        if report is not None and report.exit_code is not None:
+            self._say_failed(report.index, self.plan.host_of(report.index), report.exit_code)
+        elif report is not None and report.signal is not None:
+            self.say(f"instance {report.index} on {report.node} was ended by "
+                     f"{describe_signal(report.signal)}; every instance was stopped")
         elif code > 128:
             self.say(f"mpirun was ended by {describe_signal(code - 128)}")
         else:
             self.say(f"mpirun exited with code {code}")
 
     def _sweep(self, job_id: str, env: dict[str, str]) -> None:
-        """Remove the job's shared memory that killed ringflow workers left, on every host
-        (one process per host, under mpirun); best effort, within SWEEP_TIMEOUT_S. Hosts
-        given up as silent are left out (mpirun would wait for them); their own agents sweep
-        what their ranks left when those end."""
+        """Remove the job's shared memory on every host (`shm_sweep`). Hosts given up as
+        silent are left out (mpirun would wait for them); their own agents sweep what their
+        ranks left when those end."""
         lost = {self.plan.host_of(i) for i in self.silent}
         hosts = [h for h in self.plan.hosts if h not in lost]
-        if not hosts:
-            return
-        argv = one_per_host_argv(self.mpirun, hosts, self.plan.global_args, env,
-                                 [sys.executable, "-c", _SWEEP, job_id])
-        try:
-            done = subprocess.run(argv, env=env, stdin=subprocess.DEVNULL, capture_output=True,
-                                  text=True, timeout=SWEEP_TIMEOUT_S)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            self.say(f"shm sweep of job {job_id} on the hosts did not finish: {exc}")
-            return
-        for line in done.stdout.splitlines():
-            match = TAGGED_LINE.match(line)
-            if match and match.group(2) == "stdout":
-                self.say(f"shm sweep on {hosts[int(match.group(1))]}: {match.group(3)}")
-        if done.returncode:
-            tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
-            self.say(f"shm sweep of job {job_id} failed (exit {done.returncode}): {tail}")
+        if hosts:
+            sweep_hosts(job_id, hosts, self.mpirun, self.plan.global_args, env, self.say)

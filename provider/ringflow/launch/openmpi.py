@@ -1,6 +1,7 @@
 """Everything ringflow knows about Open MPI: the mpirun command of a job (base options, one
 MPMD app context per process with its `-x` exports and the sh that reports its exit), `-x`
-options read back, mpirun's tagged output joined into whole lines, and the report lines.
+options read back, mpirun's tagged output joined into whole lines, and the report lines and
+what mpirun's own say (the first failure, a daemon it lost).
 
 As Graphcore's poprun does (reference 6.2), processes run under mpirun with `--tag-output
 --bind-to none`; here one app context per process (`-np 1 -H host:slots`), so each gets its
@@ -17,14 +18,14 @@ from dataclasses import dataclass, field
 
 from ringflow.errors import ConfigError
 from ringflow.launch.env import JOB_ID_VAR, JOB_TOKEN_VAR
-from ringflow.launch.exits import SETUP_EXIT
+from ringflow.launch.exits import SETUP_EXIT, failure_order
 from ringflow.launch.lines import MAX_LINE_BYTES, Line, LinePieces
 from ringflow.launch.secret_drop import SECRETS_DIR_VAR
 
 __all__ = ["EXIT_LINE", "EXIT_NONCE_VAR", "INSTANCE_SH", "RANK_EXIT_LINE", "AppContext",
-           "MpirunPlan", "OutputJoiner", "base_argv", "check_no_separator", "context_argv",
-           "exported_names",
-           "exported_values", "mpirun_argv", "one_per_host_argv"]
+           "ExitReports", "FailureReport", "MpirunPlan", "OutputJoiner", "base_argv",
+           "check_no_separator", "context_argv", "exported_names", "exported_values",
+           "failure_report", "lost_daemon_node", "mpirun_argv", "one_per_host_argv"]
 
 # Exported from the job's own environment to every process, as poprun does, when set; the
 # job's id too (a bare `-x NAME`: mpirun exports its own value). The job's token and the
@@ -207,6 +208,83 @@ def one_per_host_argv(mpirun: str, hosts: Sequence[str], global_args: Sequence[s
             "-H", ",".join(f"{host}:1" for host in hosts), "--map-by", "node",
             *(part for name in ("PATH", "PYTHONPATH") if name in environ
               for part in ("-x", name)), *argv]
+
+
+class ExitReports:
+    """What the job's processes (by index) said of their exits, in lines for machines: an
+    instance sh's report of its exit code and time (EXIT_LINE, with the job's nonce), a
+    ringflow worker's of when it began to exit and whether it saw a peer fail first
+    (RANK_EXIT_LINE)."""
+
+    def __init__(self, nonce: str) -> None:
+        self._nonce = nonce
+        self.exits: list[tuple[float, int, int]] = []  # (time, index, exit code)
+        self.began_exit: dict[int, float] = {}
+        self.after_peer_failure: set[int] = set()  # processes that reported seeing one
+
+    def take(self, index: int, line: str) -> bool:
+        """Record a line that reports an exit (for us, not for people); False if not one."""
+        reported = EXIT_LINE.match(line)
+        if reported and reported.group(1) == self._nonce:  # its sh: exit code and time
+            self.exits.append((float(reported.group(3)), index, int(reported.group(2))))
+            return True
+        began = RANK_EXIT_LINE.match(line)
+        if began:  # a ringflow worker about to close its rings
+            self.began_exit.setdefault(index, float(began.group(1)))
+            if began.group(2):
+                self.after_peer_failure.add(index)
+            return True
+        return False
+
+    def any_failed(self) -> bool:
+        return any(code != 0 for _, _, code in self.exits)
+
+    def unreported(self, count: int) -> list[int]:
+        """The processes (by index, of `count`) that sent no exit report."""
+        reported = {index for _, index, _ in self.exits}
+        return [i for i in range(count) if i not in reported]
+
+    def first_failed(self) -> tuple[int, int] | None:
+        """(index, exit code) of the process that failed first, by `failure_order` on the
+        hosts' clocks: when a ringflow worker began to exit (before its peers could notice),
+        else when the process's sh saw it end. None when no failure was reported."""
+        failed = sorted((failure_order(i in self.after_peer_failure,
+                                       min(t, self.began_exit.get(i, t)), i), c)
+                        for t, i, c in self.exits if c != 0)
+        if not failed:
+            return None
+        (_, _, index), exit_code = failed[0]
+        return index, exit_code
+
+
+@dataclass(frozen=True)
+class FailureReport:
+    """mpirun's own report of the first failure: the process (MPI rank) and its exit code,
+    or, where a signal ended it, its node and the signal."""
+
+    index: int
+    exit_code: int | None = None
+    node: str | None = None
+    signal: int | None = None
+
+
+def failure_report(said: str) -> FailureReport | None:
+    """What mpirun's own lines (`said`, joined) report of the first failure, if anything."""
+    rank, exit_code = FAILED_RANK.search(said), FAILED_CODE.search(said)
+    if rank and exit_code:
+        return FailureReport(int(rank.group(1)), exit_code=int(exit_code.group(1)))
+    signalled = SIGNALLED.search(said)
+    if signalled:
+        return FailureReport(int(signalled.group(1)), node=signalled.group(2),
+                             signal=int(signalled.group(3)))
+    return None
+
+
+def lost_daemon_node(line: str) -> str | None:
+    """The node whose Open MPI daemon mpirun lost, as one of mpirun's own lines says it (its
+    report, or OpenSSH's word that the daemon's session was closed); None for any other."""
+    lost = LOST_DAEMON.match(line) or DAEMON_SSH_CLOSED.match(line)
+    return lost.group(1) if lost else None
 
 
 # Any next tag or end of one of mpirun's lines; and the start of a tag a read cut off.

@@ -14,7 +14,7 @@ from ringflow.launch.leftovers import (
     daemon_lost_host,
     frozen_given_up_host,
 )
-from ringflow.launch.openmpi import DAEMON_SSH_CLOSED, LOST_DAEMON
+from ringflow.launch.openmpi import lost_daemon_node
 
 SAID = "stopped 6 process(es) of the job; 6 of them were " + FROZEN_WORDS
 
@@ -60,6 +60,5 @@ def test_the_mpirun_report_of_a_lost_daemon_names_its_node_and_nothing_else():
             "Connection to 10.144.72.4 closed by remote host.",
             "ORTE was unable to reliably start one or more daemons.",
             "Connection to 10.144.72.5 closed."]
-    found = [m.group(1) for line in said
-             for m in (LOST_DAEMON.match(line) or DAEMON_SSH_CLOSED.match(line),) if m]
+    found = [node for line in said if (node := lost_daemon_node(line)) is not None]
     assert found == ["10.144.72.3", "10.144.72.4"]
